@@ -1,0 +1,59 @@
+"""The ``IndexStore`` protocol and the events it applies (in router-key space).
+
+Decoders (``kvindex.events``) turn vLLM's wire events into ``IndexOp``s whose keys
+are already the router's own block keys; stores only ever see router keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from kvindex.types import PrefixMatch, Tier
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    tier: Tier
+    keys: Sequence[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Removed:
+    tier: Tier
+    keys: Sequence[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Cleared:
+    """Drop everything a pod holds in these tiers (AllBlocksCleared, restart)."""
+
+    tiers: tuple[Tier, ...] = (Tier.L0, Tier.L1)
+
+
+IndexOp = Stored | Removed | Cleared
+
+
+@dataclass(frozen=True, slots=True)
+class IndexStats:
+    backend: str
+    keys: int  # distinct block keys held (any tier)
+    capacity: int
+    per_pod: dict[str, dict[str, int]] = field(default_factory=dict)  # pod -> tier name -> n
+    l2_keys: int = 0
+
+
+@runtime_checkable
+class IndexStore(Protocol):
+    """What is cached where. L0/L1 entries belong to a pod; L2 is fleet-wide."""
+
+    async def apply(self, pod: str, ops: Sequence[IndexOp]) -> None: ...
+
+    async def match(self, keys: Sequence[int], block_size: int) -> PrefixMatch: ...
+
+    async def drop_pod(self, pod: str) -> None: ...
+
+    async def stats(self) -> IndexStats: ...
+
+    async def close(self) -> None: ...

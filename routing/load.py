@@ -1,0 +1,56 @@
+"""In-flight load per pod, counted at dispatch and released in ``finally``.
+
+A counter that only moves after the first byte lets a burst of identical requests
+all see the same "idle" pod; counting synchronously at dispatch (before the first
+await) is what keeps cache-aware strategies from collapsing onto one pod.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class PodLoad:
+    in_flight: int = 0
+    prefill_tokens: int = 0  # uncached prompt tokens still to be prefilled
+
+
+class InFlight:
+    """One dispatched request's share of a pod's load; every release is idempotent."""
+
+    __slots__ = ("_load", "_prefill", "_done")
+
+    def __init__(self, load: PodLoad, prefill_tokens: int) -> None:
+        self._load = load
+        self._prefill = prefill_tokens
+        self._done = False
+        load.in_flight += 1
+        load.prefill_tokens += prefill_tokens
+
+    def first_token(self) -> None:
+        """The pod finished this prompt's prefill; only the decode slot remains."""
+        self._load.prefill_tokens = max(0, self._load.prefill_tokens - self._prefill)
+        self._prefill = 0
+
+    def finish(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        self.first_token()
+        self._load.in_flight = max(0, self._load.in_flight - 1)
+
+
+class LoadTracker:
+    def __init__(self) -> None:
+        self._pods: dict[str, PodLoad] = {}
+
+    def get(self, pod: str) -> PodLoad:
+        return self._pods.get(pod) or PodLoad()
+
+    def start(self, pod: str, prefill_tokens: int = 0) -> InFlight:
+        """Count a request against ``pod`` now; call ``finish()`` in a ``finally``."""
+        return InFlight(self._pods.setdefault(pod, PodLoad()), prefill_tokens)
+
+    def forget(self, pod: str) -> None:
+        self._pods.pop(pod, None)

@@ -1,0 +1,1 @@
+"""One module per routing strategy; each registers itself with ``routing.registry``."""

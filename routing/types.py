@@ -1,0 +1,112 @@
+"""The strategy interface: what a strategy sees and what it answers.
+
+Strategies are pure: they receive the request, a snapshot of the candidate pods,
+the index's prefix match and the current time, and return a ``Decision``. They
+own no sockets and read no clocks, so the same objects run in the live gateway and
+in the discrete-event simulator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from kvindex.types import PrefixMatch
+
+
+@dataclass(slots=True)
+class RouteRequest:
+    """What routing may know about one request. Never holds prompt text.
+
+    ``prefix_hashes`` are chained hashes over chunks of the rendered prompt (for
+    the approximate prefix-aware strategy); ``block_keys`` are the router's
+    engine-faithful block keys (for kv-aware). Either may be empty.
+    """
+
+    model: str
+    request_id: str = ""
+    prompt_tokens: int = 0  # known or estimated prompt length in tokens
+    block_keys: Sequence[int] = ()
+    prefix_hashes: Sequence[int] = ()
+    session_key: str | None = None
+    stream: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    """A routing-time snapshot of one healthy candidate pod."""
+
+    id: str
+    in_flight: int = 0  # requests dispatched by this gateway and not yet finished
+    in_flight_prefill_tokens: int = 0  # uncached prompt tokens of those requests
+    waiting: int = 0  # scraped vllm:num_requests_waiting
+    running: int = 0  # scraped vllm:num_requests_running
+    kv_usage: float = 0.0  # scraped vllm:kv_cache_usage_perc (0..1)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Where a request goes and why; everything a metric or header needs."""
+
+    pod: str
+    strategy: str
+    reason: str  # bounded vocabulary, see ``Reason``
+    predicted_l0_tokens: int = 0
+    predicted_l1_tokens: int = 0
+    predicted_l2_tokens: int = 0
+    predicted_ttft_s: float | None = None
+    scores: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def predicted_cached_tokens(self) -> int:
+        return self.predicted_l0_tokens + self.predicted_l1_tokens + self.predicted_l2_tokens
+
+
+class Reason:
+    """Label values for ``kvgate_routing_decisions_total{reason=...}``."""
+
+    ROTATION = "rotation"
+    LEAST_LOADED = "least_loaded"
+    CACHE_HIT = "cache_hit"
+    LOAD_SPILL = "load_spill"
+    SESSION = "session"
+    FALLBACK = "fallback"
+
+
+class NoCandidates(Exception):
+    """Raised when a strategy is asked to choose among zero pods."""
+
+
+@runtime_checkable
+class Strategy(Protocol):
+    """One routing policy. Implementations live one per file in ``routing.strategies``."""
+
+    name: str
+
+    def choose(
+        self,
+        req: RouteRequest,
+        pods: Sequence[PodView],
+        match: PrefixMatch | None,
+        now: float,
+    ) -> Decision: ...
+
+    def observe(self, req: RouteRequest, decision: Decision, outcome: Outcome) -> None:
+        """Feedback after the request finished (calibration, affinity memory)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What the gateway observed for one routed request."""
+
+    ok: bool
+    ttft_s: float | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+
+
+def least_loaded_key(pod: PodView) -> tuple[int, int, int, str]:
+    """Deterministic load order: in-flight, then engine queue, then pod id."""
+    return (pod.in_flight, pod.waiting + pod.running, pod.in_flight_prefill_tokens, pod.id)
