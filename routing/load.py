@@ -33,6 +33,10 @@ class InFlight:
         self._load.prefill_tokens = max(0, self._load.prefill_tokens - self._prefill)
         self._prefill = 0
 
+    @property
+    def finished(self) -> bool:
+        return self._done
+
     def finish(self) -> None:
         if self._done:
             return

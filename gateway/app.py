@@ -1,0 +1,134 @@
+"""The FastAPI application: OpenAI endpoints, health, readiness, metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.responses import JSONResponse, Response
+
+from gateway.config import Settings
+from gateway.errors import GatewayError
+from gateway.metrics import GatewayMetrics
+from gateway.proxy import Proxy
+from gateway.registry import PodRegistry
+from gateway.router import Router
+from routing.load import LoadTracker
+
+
+@dataclass
+class Gateway:
+    """Everything one gateway process owns; built in the app's lifespan."""
+
+    settings: Settings
+    registry: PodRegistry
+    router: Router
+    proxy: Proxy
+    metrics: GatewayMetrics
+    prometheus: CollectorRegistry
+    client: httpx.AsyncClient
+
+
+def create_app(settings: Settings) -> FastAPI:
+    prometheus = CollectorRegistry()
+    metrics = GatewayMetrics(prometheus)
+    load = LoadTracker()
+    router = Router(
+        settings.strategy,
+        metrics,
+        load,
+        strategy_options=settings.strategy_options,
+        model_strategies=settings.model_strategies,
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        limits = httpx.Limits(
+            max_connections=settings.max_connections_per_pod * max(1, len(settings.pods)),
+            max_keepalive_connections=settings.max_connections_per_pod,
+            keepalive_expiry=30,
+        )
+        async with httpx.AsyncClient(limits=limits, timeout=settings.timeouts.total_s) as client:
+            registry = PodRegistry(settings.pods, client, settings.health, metrics)
+            proxy = Proxy(settings, client, registry, router, load, metrics)
+            app.state.gw = Gateway(settings, registry, router, proxy, metrics, prometheus, client)
+            await registry.start()
+            try:
+                yield
+            finally:
+                await registry.stop()
+
+    app = FastAPI(title="kvgate", lifespan=lifespan, docs_url=None, redoc_url=None)
+
+    def gw(request: Request) -> Gateway:
+        return request.app.state.gw
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> Response:
+        return GatewayError(400, str(exc)).response()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await gw(request).proxy.handle(request, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await gw(request).proxy.handle(request, "completions")
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        return await gw(request).proxy.handle(request, "embeddings")
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        return await gw(request).proxy.handle(request, "tokenize")
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        return await gw(request).proxy.handle(request, "detokenize")
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        g = gw(request)
+        try:
+            g.proxy.check_auth(request)
+        except GatewayError as err:
+            return err.response()
+        cards: dict[str, dict[str, object]] = {}
+        for pod in g.registry.all():
+            if not pod.healthy:
+                continue
+            for model in sorted(pod.models):
+                cards.setdefault(model, pod.model_cards.get(model) or _card(model))
+        return JSONResponse({"object": "list", "data": list(cards.values())})
+
+    @app.get("/health")
+    async def health() -> Response:
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/ready")
+    async def ready(request: Request) -> Response:
+        g = gw(request)
+        configured = {m for p in g.settings.pods for m in p.models} or g.registry.known_models()
+        serving = g.registry.serving_models()
+        missing = sorted(configured - serving)
+        if not serving or missing:
+            body = {"status": "not ready", "models_without_healthy_pod": missing}
+            return JSONResponse(body, status_code=503)
+        return JSONResponse({"status": "ready", "models": sorted(serving)})
+
+    @app.get("/metrics")
+    async def metrics_endpoint() -> Response:
+        return Response(generate_latest(prometheus), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _card(model: str) -> dict[str, object]:
+    return {"id": model, "object": "model", "created": int(time.time()), "owned_by": "kvgate"}

@@ -1,0 +1,95 @@
+"""``kvgate``: one CLI for the gateway, the simulated pod, benchmarks and the index."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from gateway.config import parse_pod_flag
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="run the gateway",
+        description="Run the OpenAI-compatible routing gateway in front of vLLM pods. "
+        "Settings come from --config YAML, then KVGATE_* env, then these flags.",
+    )
+    p.add_argument("--config", type=Path, help="YAML settings file")
+    p.add_argument("--host", help="listen address (default 0.0.0.0)")
+    p.add_argument("--port", type=int, help="listen port (default 8000)")
+    p.add_argument(
+        "--pod",
+        action="append",
+        dest="pods",
+        metavar="NAME=URL[,events=tcp://H:P][,replay=tcp://H:P][,models=a|b]",
+        help="an upstream pod; repeat for each pod",
+    )
+    p.add_argument("--strategy", help="routing strategy (round-robin, least-loaded, ...)")
+    p.add_argument("--max-body-bytes", type=int, help="request body limit (default 8 MiB)")
+    p.add_argument("--log-level", help="debug, info, warning ...")
+    p.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.config import load_settings
+
+    overrides: dict[str, Any] = {
+        "host": args.host,
+        "port": args.port,
+        "strategy": args.strategy,
+        "max_body_bytes": args.max_body_bytes,
+        "log_level": args.log_level,
+    }
+    if args.pods:
+        overrides["pods"] = [parse_pod_flag(p) for p in args.pods]
+    settings = load_settings(args.config, **overrides)
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        loop="uvloop",
+        http="httptools",
+        log_level=settings.log_level.lower(),
+        access_log=False,
+    )
+    return 0
+
+
+def _add_lazy(sub: argparse._SubParsersAction, name: str, module: str, help_text: str) -> None:
+    """Subcommands whose modules pull heavier imports register their own flags."""
+    p = sub.add_parser(name, help=help_text, description=help_text)
+    mod = importlib.import_module(module)
+    mod.add_arguments(p)
+    p.set_defaults(func=mod.run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvgate",
+        description="Cache-aware routing gateway for vLLM fleets with tiered KV caches.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_serve(sub)
+    _add_lazy(sub, "sim", "bench.sim.cli", "run a simulated vLLM pod (vLLM's API and events)")
+    _add_lazy(sub, "bench", "bench.cli", "benchmarks: gateway overhead, index, fleet")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""Gateway settings: one pydantic-settings model.
+
+Precedence, lowest to highest: defaults < YAML file (``--config``) < ``KVGATE_*``
+environment < command-line flags. Nested fields use ``__`` in env names
+(``KVGATE_TIMEOUTS__CONNECT_S=1``); lists accept JSON or a comma-separated string
+(``KVGATE_API_KEYS=k1,k2``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, Field, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+_yaml_path: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
+    "kvgate_yaml", default=None
+)
+
+
+class PodConfig(BaseModel):
+    """One upstream inference pod (a vLLM server or a simulated one)."""
+
+    name: str
+    url: str
+    models: list[str] = Field(default_factory=list)  # empty: learned from /v1/models
+    kv_events: str | None = None  # e.g. tcp://10.0.0.5:5557 (vLLM's ZMQ PUB)
+    kv_replay: str | None = None  # e.g. tcp://10.0.0.5:5558 (vLLM's replay ROUTER)
+    dp_ranks: int = 1  # data-parallel rank r publishes on port + r
+    api_key: str | None = None  # replaces the client's Authorization upstream
+
+    @field_validator("url")
+    @classmethod
+    def _strip_slash(cls, v: str) -> str:
+        return v.rstrip("/")
+
+
+def parse_pod_flag(spec: str) -> PodConfig:
+    """``NAME=URL[,events=tcp://..][,replay=tcp://..][,models=a|b]`` or a bare URL."""
+    parts = spec.split(",")
+    head = parts[0]
+    name, _, url = head.partition("=")
+    if not url:  # bare URL: derive a name from host:port
+        url = head
+        name = url.split("://", 1)[-1].rstrip("/")
+    fields: dict[str, Any] = {"name": name, "url": url}
+    for extra in parts[1:]:
+        key, _, value = extra.partition("=")
+        if key == "events":
+            fields["kv_events"] = value
+        elif key == "replay":
+            fields["kv_replay"] = value
+        elif key == "models":
+            fields["models"] = [m for m in value.split("|") if m]
+        elif key == "api_key":
+            fields["api_key"] = value
+        elif key == "dp_ranks":
+            fields["dp_ranks"] = int(value)
+        else:
+            raise ValueError(f"unknown pod option {key!r} in {spec!r}")
+    return PodConfig(**fields)
+
+
+class Timeouts(BaseModel):
+    connect_s: float = 2.0
+    first_byte_s: float = 120.0  # includes queueing and prefill upstream
+    total_s: float = 900.0
+
+
+class HealthSettings(BaseModel):
+    interval_s: float = 2.0
+    probe_timeout_s: float = 2.0
+    eject_after_failed_probes: int = 2
+    eject_after_failed_requests: int = 3
+    readmit_after_successes: int = 2
+
+
+class RetrySettings(BaseModel):
+    max_attempts: int = 3  # total tries across pods, before the first byte only
+    backoff_s: float = 0.05  # doubled after each failed attempt
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="KVGATE_", env_nested_delimiter="__", extra="forbid"
+    )
+
+    host: str = "0.0.0.0"
+    port: int = 8000
+    pods: Annotated[list[PodConfig], NoDecode] = Field(default_factory=list)
+    strategy: str = "round-robin"
+    strategy_options: dict[str, Any] = Field(default_factory=dict)
+    model_strategies: dict[str, str] = Field(default_factory=dict)  # model -> strategy
+    api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    max_body_bytes: int = 8 * 1024 * 1024
+    timeouts: Timeouts = Field(default_factory=Timeouts)
+    health: HealthSettings = Field(default_factory=HealthSettings)
+    retry: RetrySettings = Field(default_factory=RetrySettings)
+    max_connections_per_pod: int = 1000
+    log_level: str = "info"
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            v = v.strip()
+            if v.startswith("["):
+                import json
+
+                return json.loads(v)
+            return [k.strip() for k in v.split(",") if k.strip()]
+        return v
+
+    @field_validator("pods", mode="before")
+    @classmethod
+    def _pods_from_strings(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            if v.strip().startswith("["):
+                import json
+
+                v = json.loads(v)
+            else:  # whitespace-separated pod flags
+                v = v.split()
+        if isinstance(v, list):
+            return [parse_pod_flag(p) if isinstance(p, str) else p for p in v]
+        return v
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = _yaml_path.get()
+        if path is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+        return tuple(sources)
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Build settings from YAML + env + explicit overrides (CLI flags win)."""
+    token = _yaml_path.set(config_file)
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    finally:
+        _yaml_path.reset(token)

@@ -1,0 +1,98 @@
+"""The gateway's own Prometheus metrics (prefix ``kvgate_``), on a registry it owns.
+
+Label values are bounded: pod names, model names from config/pods, strategy
+names, status classes — never anything derived from prompt text.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Latency buckets from 5 ms to 2 min: TTFT spans cached hits to long queues.
+_LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+    1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0, 120.0,
+)  # fmt: skip
+_DECISION_BUCKETS = (
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+)  # fmt: skip
+_TOKEN_ERROR_BUCKETS = (0, 1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "kvgate_requests",
+            "Requests answered, by model, pod, strategy and HTTP status.",
+            ["model", "pod", "strategy", "status"],
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            "kvgate_ttft_seconds",
+            "Time from request arrival at the gateway to the first upstream body byte.",
+            ["model", "pod", "strategy"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "kvgate_request_duration_seconds",
+            "End-to-end request latency seen by the gateway.",
+            ["model", "pod", "strategy"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "kvgate_pod_in_flight_requests",
+            "Requests dispatched to the pod and not yet finished.",
+            ["pod"],
+            registry=registry,
+        )
+        self.pod_healthy = Gauge(
+            "kvgate_pod_healthy", "1 when the pod is in rotation.", ["pod"], registry=registry
+        )
+        self.pod_ejections = Counter(
+            "kvgate_pod_ejections",
+            "Times a pod was taken out of rotation, by cause.",
+            ["pod", "cause"],
+            registry=registry,
+        )
+        self.retries = Counter(
+            "kvgate_retries",
+            "Requests retried on another pod before the first byte, by cause.",
+            ["model", "cause"],
+            registry=registry,
+        )
+        self.decision_latency = Histogram(
+            "kvgate_routing_decision_seconds",
+            "Time to choose a pod (tokenize, index lookup, strategy).",
+            ["strategy"],
+            buckets=_DECISION_BUCKETS,
+            registry=registry,
+        )
+        self.decisions = Counter(
+            "kvgate_routing_decisions",
+            "Routing decisions by strategy and reason (cache_hit, load_spill, fallback ...).",
+            ["strategy", "reason"],
+            registry=registry,
+        )
+        self.cached_tokens_error = Histogram(
+            "kvgate_predicted_cached_tokens_abs_error",
+            "|predicted cached tokens - usage.prompt_tokens_details.cached_tokens|.",
+            ["strategy"],
+            buckets=_TOKEN_ERROR_BUCKETS,
+            registry=registry,
+        )
+        self.ttft_error = Histogram(
+            "kvgate_predicted_ttft_abs_error_seconds",
+            "|predicted TTFT - observed TTFT| for strategies that predict it.",
+            ["strategy"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.cached_tokens = Counter(
+            "kvgate_prompt_tokens",
+            "Prompt tokens reported by pods, split into cached and computed.",
+            ["model", "pod", "kind"],
+            registry=registry,
+        )

@@ -1,0 +1,113 @@
+"""Parse just enough of an OpenAI request body to route it; forward the rest untouched.
+
+The gateway never re-serializes the body: the exact bytes the client sent go
+upstream, so vLLM extras (``cache_salt``, ``vllm_xargs``, ``stream_options`` ...)
+pass through whatever they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+
+from gateway.errors import GatewayError
+
+Kind = Literal["chat", "completions", "embeddings", "tokenize", "detokenize"]
+
+_json = msgspec.json.Decoder()
+
+
+@dataclass(slots=True)
+class ParsedRequest:
+    kind: Kind
+    model: str | None
+    stream: bool
+    body: dict[str, Any]
+    raw: bytes
+
+    @property
+    def messages(self) -> list[dict[str, Any]] | None:
+        return self.body.get("messages") if self.kind in ("chat", "tokenize") else None
+
+    @property
+    def prompt(self) -> Any:
+        return self.body.get("prompt")
+
+    def approx_prompt_chars(self) -> int:
+        """Cheap size estimate for load accounting before real tokenization exists."""
+        if self.messages is not None:
+            total = 0
+            for m in self.messages:
+                c = m.get("content")
+                if isinstance(c, str):
+                    total += len(c)
+                elif isinstance(c, list):
+                    total += sum(len(p.get("text", "")) for p in c if isinstance(p, dict))
+            return total
+        p = self.prompt
+        if isinstance(p, str):
+            return len(p)
+        if isinstance(p, list):
+            if p and isinstance(p[0], int):
+                return 4 * len(p)
+            return sum(len(x) if isinstance(x, str) else 4 * len(x) for x in p)
+        return 0
+
+
+def _bad(message: str, param: str | None = None) -> GatewayError:
+    return GatewayError(400, message, param=param, code="invalid_request")
+
+
+def parse_body(raw: bytes, kind: Kind) -> ParsedRequest:
+    if not raw.strip():
+        raise _bad("request body is empty; expected a JSON object")
+    try:
+        body = _json.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise _bad(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise _bad("request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise _bad("'model' must be a non-empty string", "model")
+    if model is None and kind in ("chat", "completions", "embeddings"):
+        raise _bad("'model' is required", "model")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise _bad("'stream' must be a boolean", "stream")
+    if kind == "chat":
+        _check_messages(body.get("messages"))
+    elif kind == "completions":
+        _check_prompt(body.get("prompt"))
+    so = body.get("stream_options")
+    if so is not None and not isinstance(so, dict):
+        raise _bad("'stream_options' must be an object", "stream_options")
+    return ParsedRequest(kind=kind, model=model, stream=stream, body=body, raw=raw)
+
+
+def _check_messages(messages: Any) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise _bad("'messages' must be a non-empty array", "messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise _bad(f"messages[{i}] must be an object with a string 'role'", "messages")
+        content = m.get("content")
+        if content is not None and not isinstance(content, str | list):
+            raise _bad(f"messages[{i}].content must be a string or an array", "messages")
+
+
+def _check_prompt(prompt: Any) -> None:
+    if isinstance(prompt, str):
+        return
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(x, str) for x in prompt):
+            return
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
+            return
+        if all(isinstance(x, list) and all(isinstance(t, int) for t in x) for x in prompt):
+            return
+    raise _bad("'prompt' must be a string, an array of strings, or an array of token ids", "prompt")

@@ -1,0 +1,237 @@
+"""Upstream pods: health probing, ejection/readmission, models and engine load.
+
+A pod is ejected after N consecutive failed probes or M consecutive failed
+requests and readmitted after K consecutive successful probes. Each probe also
+learns the pod's models from ``/v1/models`` and scrapes the engine's queue from
+``/metrics`` (``vllm:num_requests_waiting`` and friends) for the load view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from gateway.config import HealthSettings, PodConfig
+from gateway.metrics import GatewayMetrics
+
+log = logging.getLogger("kvgate.registry")
+
+PodListener = Callable[["Pod"], Awaitable[None] | None]
+
+_SCRAPED = {
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:num_requests_running": "running",
+    "vllm:kv_cache_usage_perc": "kv_usage",
+    "vllm:gpu_cache_usage_perc": "kv_usage",  # name before vLLM 0.10
+}
+
+
+@dataclass
+class Pod:
+    config: PodConfig
+    healthy: bool = False
+    ever_probed: bool = False
+    models: set[str] = field(default_factory=set)
+    model_cards: dict[str, dict[str, object]] = field(default_factory=dict)
+    failed_probes: int = 0
+    failed_requests: int = 0
+    good_probes: int = 0
+    waiting: int = 0
+    running: int = 0
+    kv_usage: float = 0.0
+    last_probe: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def url(self) -> str:
+        return self.config.url
+
+
+def parse_engine_load(text: str) -> dict[str, float]:
+    """Sum the scraped vLLM gauges over their label sets (one per engine)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        attr = _SCRAPED.get(name)
+        if attr is None:
+            continue
+        try:
+            value = float(line.rsplit(" ", 1)[1])
+        except (IndexError, ValueError):
+            continue
+        out[attr] = out.get(attr, 0.0) + value
+    return out
+
+
+class PodRegistry:
+    def __init__(
+        self,
+        pods: list[PodConfig],
+        client: httpx.AsyncClient,
+        health: HealthSettings,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self._client = client
+        self._health = health
+        self._metrics = metrics
+        self._pods: dict[str, Pod] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._on_eject: list[PodListener] = []
+        self._on_admit: list[PodListener] = []
+        for cfg in pods:
+            self.add(cfg)
+
+    # -- membership (static config now; discovery adds and removes later) --
+
+    def add(self, cfg: PodConfig) -> Pod:
+        pod = Pod(config=cfg, models=set(cfg.models))
+        self._pods[cfg.name] = pod
+        self._metrics.pod_healthy.labels(cfg.name).set(0)
+        return pod
+
+    async def remove(self, name: str) -> None:
+        pod = self._pods.pop(name, None)
+        if pod is not None and pod.healthy:
+            pod.healthy = False
+            await self._notify(self._on_eject, pod)
+        with contextlib.suppress(KeyError):
+            self._metrics.pod_healthy.remove(name)
+
+    def on_eject(self, listener: PodListener) -> None:
+        self._on_eject.append(listener)
+
+    def on_admit(self, listener: PodListener) -> None:
+        self._on_admit.append(listener)
+
+    # -- views --
+
+    def get(self, name: str) -> Pod | None:
+        return self._pods.get(name)
+
+    def all(self) -> list[Pod]:
+        return list(self._pods.values())
+
+    def healthy_for(self, model: str) -> list[Pod]:
+        return [p for p in self._pods.values() if p.healthy and model in p.models]
+
+    def known_models(self) -> set[str]:
+        models: set[str] = set()
+        for p in self._pods.values():
+            models |= p.models
+        return models
+
+    def serving_models(self) -> set[str]:
+        models: set[str] = set()
+        for p in self._pods.values():
+            if p.healthy:
+                models |= p.models
+        return models
+
+    # -- probing --
+
+    async def start(self) -> None:
+        await self.probe_all()
+        self._task = asyncio.create_task(self._loop(), name="kvgate-health")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._health.interval_s)
+            try:
+                await self.probe_all()
+            except Exception:  # a bug here must not stop health checking
+                log.exception("health probe round failed")
+
+    async def probe_all(self) -> None:
+        await asyncio.gather(*(self.probe(p) for p in list(self._pods.values())))
+
+    async def probe(self, pod: Pod) -> None:
+        ok = await self._probe_once(pod)
+        pod.last_probe = time.monotonic()
+        if ok:
+            pod.failed_probes = 0
+            pod.good_probes += 1
+            # First contact admits at once; a pod that was ejected must prove itself.
+            if not pod.healthy and (
+                not pod.ever_probed or pod.good_probes >= self._health.readmit_after_successes
+            ):
+                await self._admit(pod)
+        else:
+            pod.good_probes = 0
+            pod.failed_probes += 1
+            if pod.healthy and pod.failed_probes >= self._health.eject_after_failed_probes:
+                await self._eject(pod, "probe")
+        pod.ever_probed = True
+
+    async def _probe_once(self, pod: Pod) -> bool:
+        timeout = self._health.probe_timeout_s
+        headers = {"Authorization": f"Bearer {pod.config.api_key}"} if pod.config.api_key else {}
+        try:
+            r = await self._client.get(f"{pod.url}/health", timeout=timeout, headers=headers)
+            if r.status_code != 200:
+                return False
+            r = await self._client.get(f"{pod.url}/v1/models", timeout=timeout, headers=headers)
+            if r.status_code == 200:
+                cards = {m["id"]: m for m in r.json().get("data", []) if "id" in m}
+                pod.model_cards = cards
+                pod.models = set(cards) | set(pod.config.models)
+            r = await self._client.get(f"{pod.url}/metrics", timeout=timeout, headers=headers)
+            if r.status_code == 200:
+                load = parse_engine_load(r.text)
+                pod.waiting = int(load.get("waiting", 0))
+                pod.running = int(load.get("running", 0))
+                pod.kv_usage = float(load.get("kv_usage", 0.0))
+            return True
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return False
+
+    # -- request outcomes --
+
+    async def request_failed(self, pod: Pod) -> None:
+        pod.failed_requests += 1
+        if pod.healthy and pod.failed_requests >= self._health.eject_after_failed_requests:
+            await self._eject(pod, "requests")
+
+    def request_succeeded(self, pod: Pod) -> None:
+        pod.failed_requests = 0
+
+    async def _eject(self, pod: Pod, cause: str) -> None:
+        pod.healthy = False
+        pod.good_probes = 0
+        log.warning("pod %s ejected (%s)", pod.name, cause)
+        self._metrics.pod_healthy.labels(pod.name).set(0)
+        self._metrics.pod_ejections.labels(pod.name, cause).inc()
+        await self._notify(self._on_eject, pod)
+
+    async def _admit(self, pod: Pod) -> None:
+        pod.healthy = True
+        pod.failed_requests = 0
+        log.info("pod %s in rotation (models: %s)", pod.name, ", ".join(sorted(pod.models)))
+        self._metrics.pod_healthy.labels(pod.name).set(1)
+        await self._notify(self._on_admit, pod)
+
+    @staticmethod
+    async def _notify(listeners: list[PodListener], pod: Pod) -> None:
+        for listener in listeners:
+            try:
+                result = listener(pod)
+                if result is not None:
+                    await result
+            except Exception:
+                log.exception("pod listener failed for %s", pod.name)

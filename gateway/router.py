@@ -1,0 +1,84 @@
+"""Turns a parsed request and the healthy pods into a routing ``Decision``.
+
+This is the gateway side of routing: it builds the pure ``RouteRequest`` /
+``PodView`` snapshot a strategy needs (load from the ``LoadTracker``, engine
+queue from the registry's scrapes), picks the strategy configured for the model,
+and records decision metrics. Strategies themselves stay pure in ``routing/``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from gateway.metrics import GatewayMetrics
+from gateway.openai_body import ParsedRequest
+from gateway.registry import Pod
+from kvindex.types import PrefixMatch
+from routing.load import LoadTracker
+from routing.registry import build_strategy, canonical_name
+from routing.types import Decision, Outcome, PodView, RouteRequest, Strategy
+
+CHARS_PER_TOKEN = 4  # estimate until a tokenizer is configured for the model
+
+
+class Router:
+    def __init__(
+        self,
+        default_strategy: str,
+        metrics: GatewayMetrics,
+        load: LoadTracker,
+        strategy_options: dict[str, dict[str, object]] | None = None,
+        model_strategies: dict[str, str] | None = None,
+    ) -> None:
+        self._metrics = metrics
+        self._load = load
+        self._options = strategy_options or {}
+        self._default = self._build(default_strategy)
+        self._per_model: dict[str, Strategy] = {
+            model: self._build(name) for model, name in (model_strategies or {}).items()
+        }
+
+    def _build(self, name: str) -> Strategy:
+        canonical = canonical_name(name)
+        return build_strategy(canonical, self._options.get(canonical))
+
+    def strategy_for(self, model: str) -> Strategy:
+        return self._per_model.get(model, self._default)
+
+    def route_request(self, parsed: ParsedRequest, request_id: str) -> RouteRequest:
+        return RouteRequest(
+            model=parsed.model or "",
+            request_id=request_id,
+            prompt_tokens=parsed.approx_prompt_chars() // CHARS_PER_TOKEN,
+            stream=parsed.stream,
+        )
+
+    def pod_views(self, pods: Iterable[Pod]) -> list[PodView]:
+        views = []
+        for p in pods:
+            load = self._load.get(p.name)
+            views.append(
+                PodView(
+                    id=p.name,
+                    in_flight=load.in_flight,
+                    in_flight_prefill_tokens=load.prefill_tokens,
+                    waiting=p.waiting,
+                    running=p.running,
+                    kv_usage=p.kv_usage,
+                )
+            )
+        return views
+
+    def choose(
+        self, req: RouteRequest, pods: list[Pod], match: PrefixMatch | None = None
+    ) -> Decision:
+        strategy = self.strategy_for(req.model)
+        started = time.perf_counter()
+        decision = strategy.choose(req, self.pod_views(pods), match, time.monotonic())
+        self._metrics.decision_latency.labels(strategy.name).observe(time.perf_counter() - started)
+        self._metrics.decisions.labels(strategy.name, decision.reason).inc()
+        return decision
+
+    def observe(self, req: RouteRequest, decision: Decision, outcome: Outcome) -> None:
+        self.strategy_for(req.model).observe(req, decision, outcome)
