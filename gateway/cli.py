@@ -66,28 +66,36 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_lazy(sub: argparse._SubParsersAction, name: str, module: str, help_text: str) -> None:
-    """Subcommands whose modules pull heavier imports register their own flags."""
-    p = sub.add_parser(name, help=help_text, description=help_text)
-    mod = importlib.import_module(module)
-    mod.add_arguments(p)
-    p.set_defaults(func=mod.run)
+# Subcommands whose modules pull heavy imports (tokenizers, matplotlib ...): their
+# flags are only loaded when that subcommand is the one being run, so `kvgate serve`
+# starts without them.
+_LAZY = {
+    "sim": ("bench.sim.cli", "run a simulated vLLM pod (vLLM's API, metrics and KV events)"),
+    "bench": ("bench.cli", "benchmarks: gateway overhead, index, fleet, discrete-event"),
+    "index": ("kvindex.cli", "inspect the KV index: stats, prompt lookup, per-pod counts"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(load: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvgate",
         description="Cache-aware routing gateway for vLLM fleets with tiered KV caches.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
-    _add_lazy(sub, "sim", "bench.sim.cli", "run a simulated vLLM pod (vLLM's API and events)")
-    _add_lazy(sub, "bench", "bench.cli", "benchmarks: gateway overhead, index, fleet")
+    for name, (module, help_text) in _LAZY.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == load:
+            mod = importlib.import_module(module)
+            mod.add_arguments(p)
+            p.set_defaults(func=mod.run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    load = argv[0] if argv and argv[0] in _LAZY else None
+    args = build_parser(load).parse_args(argv)
     return int(args.func(args) or 0)
 
 
