@@ -56,7 +56,13 @@ class Decision:
     predicted_l1_tokens: int = 0
     predicted_l2_tokens: int = 0
     predicted_ttft_s: float | None = None
-    scores: dict[str, float] = field(default_factory=dict)
+    scores: dict[str, float] = field(default_factory=dict)  # pod -> predicted TTFT or score
+    # Queue-delay part of ``predicted_ttft_s``; calibration subtracts it from observed TTFT.
+    predicted_queue_s: float | None = None
+    # The gateway should speculatively record ``block_keys[:speculate_blocks]`` as held
+    # in L0 by ``pod`` (until the pod's own events confirm or expire them), so a burst of
+    # identical requests sees the blocks before the first one finishes prefill.
+    speculate_blocks: int = 0
 
     @property
     def predicted_cached_tokens(self) -> int:
@@ -110,3 +116,15 @@ class Outcome:
 def least_loaded_key(pod: PodView) -> tuple[int, int, int, str]:
     """Deterministic load order: in-flight, then engine queue, then pod id."""
     return (pod.in_flight, pod.waiting + pod.running, pod.in_flight_prefill_tokens, pod.id)
+
+
+def overloaded(pod: PodView, least: PodView, abs_threshold: int, rel_threshold: float) -> bool:
+    """SGLang's cache-aware balance test, applied to one preferred pod.
+
+    Affinity yields to load only when the preferred pod has more than ``abs_threshold``
+    extra requests in flight *and* more than ``rel_threshold`` times the least loaded
+    pod's: a small absolute gap on idle pods and a large relative one on busy pods
+    both keep affinity.
+    """
+    gap = pod.in_flight - least.in_flight
+    return gap > abs_threshold and pod.in_flight > least.in_flight * rel_threshold

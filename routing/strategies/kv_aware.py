@@ -1,0 +1,167 @@
+"""KV-aware (precise): send each request where its predicted TTFT is lowest.
+
+Uses the index's ``PrefixMatch`` (per pod the consecutive prefix in L0 and in L0+L1,
+fleet-wide the consecutive prefix in L2) and the ``CostModel``. Per candidate pod:
+
+* cached tokens are capped like vLLM, which always recomputes the last prompt token:
+  at most ``(prompt_tokens - 1) // block_size * block_size``;
+* L0 tokens are free; the L1 segment (L0+L1 beyond L0) and the L2 segment (the
+  fleet's L2 prefix beyond L0+L1) count only where ``CostModel.plan_loads`` says
+  loading beats recomputing (the pod would recompute otherwise);
+* predicted TTFT = queue delay (load counted at dispatch) + loads + prefill.
+
+The minimum wins; ties go to the less loaded pod, then the smaller id, never to list
+order. ``observe`` feeds each model's ``Calibrator`` with the observed TTFT.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvindex.types import PrefixMatch
+from routing.calibration import Calibrator
+from routing.cost_model import CostModel, as_cost_model
+from routing.lru import BoundedLRU
+from routing.registry import register
+from routing.types import (
+    Decision,
+    NoCandidates,
+    Outcome,
+    PodView,
+    Reason,
+    RouteRequest,
+    least_loaded_key,
+)
+
+_TIE_QUANTUM_S = 1e-6  # predictions closer than 1 us are a tie (float noise, not signal)
+
+
+@dataclass(frozen=True, slots=True)
+class PodEstimate:
+    """One candidate's predicted tier split and TTFT."""
+
+    pod: PodView
+    l0: int
+    l1: int
+    l2: int
+    ttft_s: float
+
+    @property
+    def cached(self) -> int:
+        return self.l0 + self.l1 + self.l2
+
+
+@register("kv-aware", aliases=("kvaware", "kv", "precise", "cost-aware"))
+class KvAware:
+    """Minimum predicted TTFT over the candidates, from the KV index and a cost model."""
+
+    name = "kv-aware"
+
+    def __init__(
+        self,
+        cost_model: CostModel | Mapping[str, Any] | None = None,
+        models: Mapping[str, CostModel | Mapping[str, Any]] | None = None,
+        calibrate: bool = True,
+        calibration: Mapping[str, Any] | None = None,
+        max_models: int = 64,
+    ) -> None:
+        """``cost_model``: default for every model; ``models``: per served-model-name
+        overrides laid over it; ``calibration``: ``Calibrator`` keyword options
+        (window, min_samples, refit_every, max_change)."""
+        self.default_cost = as_cost_model(cost_model)
+        self._static: dict[str, CostModel] = {
+            name: value
+            if isinstance(value, CostModel)
+            else CostModel.from_dict(value, self.default_cost)
+            for name, value in (models or {}).items()
+        }
+        self.calibrate = calibrate
+        self._calibration = dict(calibration or {})
+        self._calibrators: BoundedLRU[str, Calibrator] = BoundedLRU(max_models)
+        Calibrator(self.default_cost, **self._calibration)  # bad options fail at start-up
+
+    def cost_model(self, model: str) -> CostModel:
+        """The model's current cost model (calibrated if calibration is on)."""
+        if not self.calibrate:
+            return self._static.get(model, self.default_cost)
+        return self.calibrator(model).current()
+
+    def calibrator(self, model: str) -> Calibrator:
+        cal = self._calibrators.get(model)
+        if cal is None:
+            base = self._static.get(model, self.default_cost)
+            cal = Calibrator(base, **self._calibration)
+            self._calibrators.put(model, cal)
+        return cal
+
+    def choose(
+        self,
+        req: RouteRequest,
+        pods: Sequence[PodView],
+        match: PrefixMatch | None,
+        now: float,
+    ) -> Decision:
+        if not pods:
+            raise NoCandidates(req.model)
+        cost = self.cost_model(req.model)
+        estimates = [self.estimate(cost, req, pod, match) for pod in pods]
+        best = min(estimates, key=_rank)
+        return Decision(
+            pod=best.pod.id,
+            strategy=self.name,
+            reason=_reason(best, estimates, match),
+            predicted_l0_tokens=best.l0,
+            predicted_l1_tokens=best.l1,
+            predicted_l2_tokens=best.l2,
+            predicted_ttft_s=best.ttft_s,
+            scores={e.pod.id: e.ttft_s for e in estimates},
+            predicted_queue_s=cost.queue_delay_s(best.pod),
+            speculate_blocks=match.total_blocks if match is not None else 0,
+        )
+
+    @staticmethod
+    def estimate(
+        cost: CostModel, req: RouteRequest, pod: PodView, match: PrefixMatch | None
+    ) -> PodEstimate:
+        """Tier split and predicted TTFT of ``req`` on ``pod``."""
+        bs = match.block_size if match is not None else cost.block_size
+        prompt = req.prompt_tokens
+        if prompt <= 0 and match is not None:
+            prompt = match.total_blocks * bs  # unknown length: at least its full blocks
+        if match is None or bs <= 0:
+            return PodEstimate(pod, 0, 0, 0, cost.predict_ttft_s(pod, 0, 0, 0, prompt))
+        cap = max(0, (prompt - 1) // bs * bs)  # vLLM recomputes the last token
+        held = match.for_pod(pod.id)
+        l0 = min(held.l0 * bs, cap)
+        l0_l1 = max(l0, min(held.l0_l1 * bs, cap))
+        l2_reach = min(match.l2 * bs, cap)
+        l1, l2 = cost.plan_loads(l0_l1 - l0, max(0, l2_reach - l0_l1))
+        return PodEstimate(pod, l0, l1, l2, cost.predict_ttft_s(pod, l0, l1, l2, prompt))
+
+    def observe(self, req: RouteRequest, decision: Decision, outcome: Outcome) -> None:
+        """Calibrate the model's prefill parameters from the observed TTFT."""
+        if not self.calibrate or not outcome.ok:
+            return
+        self.calibrator(req.model).update(
+            outcome.ttft_s,
+            outcome.prompt_tokens if outcome.prompt_tokens is not None else req.prompt_tokens,
+            outcome.cached_tokens,
+            queue_s=decision.predicted_queue_s or 0.0,
+            l0_tokens=decision.predicted_l0_tokens,
+            l1_tokens=decision.predicted_l1_tokens,
+            l2_tokens=decision.predicted_l2_tokens,
+        )
+
+
+def _rank(e: PodEstimate) -> tuple[int, tuple[int, int, int, str]]:
+    return (round(e.ttft_s / _TIE_QUANTUM_S), least_loaded_key(e.pod))
+
+
+def _reason(best: PodEstimate, estimates: Sequence[PodEstimate], match: PrefixMatch | None) -> str:
+    if match is None or match.total_blocks <= 0:
+        return Reason.FALLBACK
+    if any(e.cached > best.cached for e in estimates):
+        return Reason.LOAD_SPILL  # a pod with a longer usable prefix lost on its queue
+    return Reason.CACHE_HIT if best.cached > 0 else Reason.LEAST_LOADED

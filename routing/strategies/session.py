@@ -1,0 +1,113 @@
+"""Session affinity: the same session key goes to the same pod, whose cache holds it.
+
+The gateway fills ``RouteRequest.session_key`` from a configured header or body field
+(e.g. OpenAI's ``user``). The home pod is chosen by rendezvous (highest random weight)
+hashing over the healthy candidates: every gateway replica agrees without sharing
+state, and a pod leaving moves only its own sessions. A bounded LRU remembers the
+home of recent sessions so that a pod *joining* does not move anyone either (HRW
+alone would move ~1/n of them). Keys are stored as 64-bit hashes, never verbatim.
+
+Falls back to least-loaded without a key, and spills to the least-loaded pod (without
+rehoming the session) while the home pod is overloaded per ``overloaded``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import xxhash
+
+from kvindex.types import PrefixMatch
+from routing.lru import BoundedLRU
+from routing.registry import register
+from routing.types import (
+    Decision,
+    NoCandidates,
+    Outcome,
+    PodView,
+    Reason,
+    RouteRequest,
+    least_loaded_key,
+    overloaded,
+)
+
+_POD_SEEDS_CAPACITY = 4096  # distinct pod ids seen; pods churn on restarts
+
+
+@register("session", aliases=("sticky", "session-affinity", "affinity"))
+class SessionAffinity:
+    """Sticky routing by session key with consistent (rendezvous) hashing."""
+
+    name = "session"
+
+    def __init__(
+        self,
+        capacity: int = 100_000,
+        balance_abs_threshold: int = 8,
+        balance_rel_threshold: float = 1.5,
+    ) -> None:
+        """``capacity``: sessions remembered (0 = pure rendezvous hashing, no memory)."""
+        if capacity < 0:
+            raise ValueError(f"capacity must be >= 0, got {capacity}")
+        self._homes: BoundedLRU[int, str] | None = BoundedLRU(capacity) if capacity else None
+        self._pod_seeds: BoundedLRU[str, int] = BoundedLRU(_POD_SEEDS_CAPACITY)
+        self.balance_abs_threshold = balance_abs_threshold
+        self.balance_rel_threshold = balance_rel_threshold
+
+    @property
+    def remembered(self) -> int:
+        return len(self._homes) if self._homes is not None else 0
+
+    def choose(
+        self,
+        req: RouteRequest,
+        pods: Sequence[PodView],
+        match: PrefixMatch | None,
+        now: float,
+    ) -> Decision:
+        if not pods:
+            raise NoCandidates(req.model)
+        least = min(pods, key=least_loaded_key)
+        if not req.session_key:
+            return Decision(pod=least.id, strategy=self.name, reason=Reason.FALLBACK)
+        home = self._home(req.session_key, pods)
+        if home.id != least.id and overloaded(
+            home, least, self.balance_abs_threshold, self.balance_rel_threshold
+        ):
+            return Decision(pod=least.id, strategy=self.name, reason=Reason.LOAD_SPILL)
+        return Decision(pod=home.id, strategy=self.name, reason=Reason.SESSION)
+
+    def home_of(self, session_key: str, pods: Sequence[PodView]) -> str:
+        """The session's home among ``pods`` (ignores load); remembers it."""
+        return self._home(session_key, pods).id
+
+    def observe(self, req: RouteRequest, decision: Decision, outcome: Outcome) -> None:
+        return None
+
+    def _home(self, session_key: str, pods: Sequence[PodView]) -> PodView:
+        key = session_key.encode("utf-8", "surrogatepass")
+        homes = self._homes
+        if homes is None:
+            return self._rendezvous(key, pods)
+        key_hash = xxhash.xxh3_64_intdigest(key)
+        remembered = homes.get(key_hash)
+        if remembered is not None:
+            for pod in pods:
+                if pod.id == remembered:
+                    homes.touch(key_hash)
+                    return pod
+        pod = self._rendezvous(key, pods)
+        homes.put(key_hash, pod.id)
+        return pod
+
+    def _rendezvous(self, key: bytes, pods: Sequence[PodView]) -> PodView:
+        """Highest-random-weight pod for ``key``; ties (64-bit) broken by id."""
+        digest = xxhash.xxh3_64_intdigest
+        return max(pods, key=lambda p: (digest(key, self._seed(p.id)), p.id))
+
+    def _seed(self, pod_id: str) -> int:
+        seed = self._pod_seeds.get(pod_id)
+        if seed is None:
+            seed = xxhash.xxh3_64_intdigest(pod_id.encode("utf-8", "surrogatepass"))
+            self._pod_seeds.put(pod_id, seed)
+        return seed
