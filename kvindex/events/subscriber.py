@@ -1,0 +1,295 @@
+"""Subscribe to one pod's vLLM KV-event stream(s) over ZMQ and keep the index current.
+
+    sub = KVEventSubscriber(
+        pod_id="pod-a",
+        endpoint="tcp://10.0.0.7:5557",          # the pod's PUB (rank r: port + r)
+        replay_endpoint="tcp://10.0.0.7:5558",   # its ROUTER, or None
+        keyer=BlockKeyer(model, block_size),     # the model's router keys
+        store=store, metrics=metrics, dp_size=1,
+    )
+    await sub.start(); ...; await sub.stop()
+
+One SUB socket per data-parallel rank; ZMQ reconnects by itself (heartbeats catch a
+peer that vanished without closing). Per rank the subscriber tracks ``seq``:
+
+* ``seq == last + 1``: apply.
+* a gap: ask the replay endpoint for everything from ``last + 1`` (bounded wait),
+  apply in order, drop the live duplicates that follow.
+* ``seq <= last`` (outside a replay's duplicates), or a jump right after the socket
+  reconnected: the engine restarted. The pod's L0/L1 is dropped (``Cleared``), the
+  rank's engine-hash map reset, and the new process's history replayed from 0.
+* first frame ever with ``seq > 0``: replay from 0 to learn what the pod already holds
+  (``bootstrap_replay``).
+
+A pod ejected by the gateway is dropped from the store by the gateway
+(``store.drop_pod``); stopping its subscriber does not touch the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import asdict, dataclass
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from kvindex.events.engine_map import DEFAULT_CAPACITY
+from kvindex.events.ingest import PodIngestor
+from kvindex.events.wire import END_SEQ, Frame, parse_live, parse_replay, replay_request
+from kvindex.keyer import BlockKeyer
+from kvindex.metrics import IndexMetrics
+from kvindex.store import IndexStore
+
+log = logging.getLogger(__name__)
+
+
+def offset_port(endpoint: str, rank: int) -> str:
+    """vLLM's rule: DP rank r publishes on port + r (tcp), ``_dp{r}`` suffix (inproc)."""
+    if rank == 0:
+        return endpoint
+    if endpoint.startswith("inproc://"):
+        return f"{endpoint}_dp{rank}"
+    base, _, port = endpoint.rpartition(":")
+    return f"{base}:{int(port) + rank}"
+
+
+@dataclass(slots=True)
+class RankStats:
+    endpoint: str
+    last_seq: int | None = None
+    connected: bool = False
+    batches: int = 0
+    decode_errors: int = 0
+    gaps: int = 0
+    replays: int = 0
+    replay_timeouts: int = 0
+    replayed_batches: int = 0
+    lost_batches: int = 0  # gap batches neither live nor replayed
+    duplicates: int = 0
+    restarts: int = 0
+
+
+@dataclass(slots=True)
+class _RankState:
+    rank: int
+    endpoint: str
+    replay_endpoint: str | None
+    stats: RankStats
+    was_disconnected: bool = False
+    reconnected: bool = False  # reconnected since the last applied frame
+    dup_from: int = 0
+    dup_until: int = -1
+
+
+class KVEventSubscriber:
+    """Live + replayed KV events of one pod, applied through a ``PodIngestor``."""
+
+    def __init__(
+        self,
+        pod_id: str,
+        endpoint: str,
+        replay_endpoint: str | None,
+        keyer: BlockKeyer,
+        store: IndexStore,
+        metrics: IndexMetrics | None = None,
+        *,
+        dp_size: int = 1,
+        topic: str = "",
+        map_capacity: int = DEFAULT_CAPACITY,
+        replay_timeout_s: float = 2.0,
+        replay_max_batches: int = 20_000,
+        bootstrap_replay: bool = True,
+        heartbeat_s: float = 5.0,
+        context: zmq.asyncio.Context | None = None,
+    ) -> None:
+        self.pod_id = pod_id
+        self.metrics = metrics if metrics is not None else IndexMetrics()
+        self.ingestor = PodIngestor(pod_id, keyer, store, self.metrics, map_capacity)
+        self.topic = topic.encode()
+        self.replay_timeout_s = replay_timeout_s
+        self.replay_max_batches = replay_max_batches
+        self.bootstrap_replay = bootstrap_replay
+        self.heartbeat_ms = int(heartbeat_s * 1000)
+        self._ctx = context if context is not None else zmq.asyncio.Context.instance()
+        self._ranks = [
+            _RankState(
+                rank=r,
+                endpoint=offset_port(endpoint, r),
+                replay_endpoint=offset_port(replay_endpoint, r) if replay_endpoint else None,
+                stats=RankStats(endpoint=offset_port(endpoint, r)),
+            )
+            for r in range(dp_size)
+        ]
+        self._tasks: list[asyncio.Task[None]] = []
+        self._decode_errors = self.metrics.decode_errors.labels(pod=pod_id)
+
+    @property
+    def stats(self) -> dict[int, dict[str, object]]:
+        """Per DP rank: endpoint, last seq, connection and counters."""
+        return {st.rank: asdict(st.stats) for st in self._ranks}
+
+    async def start(self) -> None:
+        if self._tasks:
+            return
+        for st in self._ranks:
+            name = f"kv-events:{self.pod_id}:{st.rank}"
+            self._tasks.append(asyncio.create_task(self._run_rank(st), name=name))
+
+    async def stop(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run_rank(self, st: _RankState) -> None:
+        sub = self._ctx.socket(zmq.SUB)
+        for opt, value in (
+            (zmq.LINGER, 0),
+            (zmq.RCVHWM, 100_000),
+            (zmq.RECONNECT_IVL, 100),
+            (zmq.RECONNECT_IVL_MAX, 5_000),
+            (zmq.HEARTBEAT_IVL, self.heartbeat_ms),
+            (zmq.HEARTBEAT_TIMEOUT, 3 * self.heartbeat_ms),
+        ):
+            sub.setsockopt(opt, value)
+        sub.setsockopt(zmq.SUBSCRIBE, self.topic)
+        monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        sub.connect(st.endpoint)
+        poller = zmq.asyncio.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        try:
+            while True:
+                ready = dict(await poller.poll())
+                if monitor in ready:
+                    self._on_monitor(st, await monitor.recv_multipart())
+                if sub in ready:
+                    frames = await sub.recv_multipart()
+                    try:
+                        await self._on_frames(st, frames)
+                    except Exception:  # never let one bad batch stop the stream
+                        self._decode_error(st)
+                        log.exception("pod %s rank %d: event handling failed", self.pod_id, st.rank)
+        finally:
+            sub.disable_monitor()
+            monitor.close(linger=0)
+            sub.close(linger=0)
+
+    def _on_monitor(self, st: _RankState, frames: list[bytes]) -> None:
+        try:
+            event = parse_monitor_message(frames)["event"]
+        except Exception:  # a monitor frame we do not understand is not worth a crash
+            return
+        if event == zmq.EVENT_CONNECTED:
+            st.stats.connected = True
+            st.reconnected = st.was_disconnected
+        elif event == zmq.EVENT_DISCONNECTED:
+            st.stats.connected = False
+            st.was_disconnected = True
+
+    def _decode_error(self, st: _RankState) -> None:
+        st.stats.decode_errors += 1
+        self._decode_errors.inc()
+
+    async def _on_frames(self, st: _RankState, frames: list[bytes]) -> None:
+        frame = parse_live(frames)
+        if frame is None:
+            self._decode_error(st)
+            return
+        last, seq = st.stats.last_seq, frame.seq
+        if last is None:
+            start_from_zero = seq > 0 and self.bootstrap_replay
+            await (self._catch_up(st, 0, frame) if start_from_zero else self._apply(st, frame))
+        elif seq == last + 1:
+            await self._apply(st, frame)
+        elif st.dup_from <= seq <= st.dup_until:
+            st.stats.duplicates += 1
+        elif seq <= last or st.reconnected:
+            await self._restart(st, frame)
+        else:
+            st.stats.gaps += 1
+            self.metrics.seq_gaps.labels(pod=self.pod_id).inc()
+            await self._catch_up(st, last + 1, frame)
+
+    async def _apply(self, st: _RankState, frame: Frame) -> None:
+        st.stats.last_seq = frame.seq
+        st.stats.batches += 1
+        st.reconnected = False
+        if not await self.ingestor.apply_payload(frame.payload, st.rank):
+            st.stats.decode_errors += 1
+
+    async def _restart(self, st: _RankState, frame: Frame) -> None:
+        log.warning(
+            "pod %s rank %d: event seq went from %s to %d; engine restarted, dropping L0/L1",
+            self.pod_id,
+            st.rank,
+            st.stats.last_seq,
+            frame.seq,
+        )
+        st.stats.restarts += 1
+        st.stats.last_seq = None
+        st.dup_from, st.dup_until = 0, -1
+        await self.ingestor.engine_restarted(st.rank)
+        if frame.seq > 0:
+            await self._catch_up(st, 0, frame)
+        else:
+            await self._apply(st, frame)
+
+    async def _catch_up(self, st: _RankState, start: int, trigger: Frame) -> None:
+        """Replay from ``start``, apply everything up to and past ``trigger`` in order."""
+        replayed = await self._replay(st, start)
+        replayed.setdefault(trigger.seq, trigger.payload)
+        missing = sum(1 for s in range(start, trigger.seq) if s not in replayed)
+        if start > 0:  # from 0 is a bootstrap: earlier batches may simply be gone
+            st.stats.lost_batches += missing
+        for seq in sorted(replayed):
+            last = st.stats.last_seq
+            if seq >= start and (last is None or seq > last):
+                await self._apply(st, Frame(seq=seq, payload=replayed[seq]))
+        # Live frames after the trigger that the replay already delivered.
+        st.dup_from, st.dup_until = trigger.seq + 1, st.stats.last_seq or 0
+
+    async def _replay(self, st: _RankState, start: int) -> dict[int, bytes]:
+        if st.replay_endpoint is None:
+            return {}
+        st.stats.replays += 1
+        self.metrics.replays.labels(pod=self.pod_id).inc()
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(st.replay_endpoint)
+        try:
+            return await asyncio.wait_for(
+                self._read_replay(st, dealer, start),
+                timeout=self.replay_timeout_s * 10,
+            )
+        except TimeoutError:
+            st.stats.replay_timeouts += 1
+            return {}
+        finally:
+            dealer.close(linger=0)
+
+    async def _read_replay(
+        self, st: _RankState, dealer: zmq.asyncio.Socket, start: int
+    ) -> dict[int, bytes]:
+        """Replies until the end marker, an idle timeout, or the batch bound."""
+        await dealer.send_multipart(replay_request(start))
+        out: dict[int, bytes] = {}
+        idle_ms = int(self.replay_timeout_s * 1000)
+        while len(out) < self.replay_max_batches:
+            if not await dealer.poll(idle_ms, zmq.POLLIN):
+                st.stats.replay_timeouts += 1
+                break
+            frame = parse_replay(await dealer.recv_multipart())
+            if frame is None:
+                self._decode_error(st)
+            elif frame.seq == END_SEQ:
+                break
+            else:
+                out[frame.seq] = frame.payload
+        st.stats.replayed_batches += len(out)
+        return out

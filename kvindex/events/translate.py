@@ -1,0 +1,230 @@
+"""Engine events → ``IndexOp``s over router keys, for one pod (and DP rank).
+
+Keys are computed with the pod's ``BlockKeyer`` from each ``BlockStored``'s token ids,
+chained from the router key of its ``parent_block_hash`` (or from the root seeded by
+``lora_name`` and the cache salt of the first block when there is no parent), and
+remembered in the ``EngineKeyMap`` so hash-only events can be resolved later.
+
+Every skip is counted: unknown hashes (``kvgate_kv_unknown_hashes_total``), a block
+size that differs from the configured one (``kvgate_kv_block_size_mismatches_total``,
+logged once per pod and size pair), malformed events (decode errors).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from kvindex.events.engine_map import DEFAULT_CAPACITY, EngineKeyMap
+from kvindex.events.types import EngineBatch, EngineCleared, EngineRemoved, EngineStored
+from kvindex.events.vllm_adapter import tier_of
+from kvindex.keyer import BlockKeyer, chain_packed, pack_tokens
+from kvindex.metrics import IndexMetrics, normalize_medium
+from kvindex.store import Cleared, IndexOp, Removed, Stored
+from kvindex.types import Tier
+
+log = logging.getLogger(__name__)
+
+POD_TIERS = (Tier.L0, Tier.L1)  # what AllBlocksCleared and a restart drop
+_LOGGED_MISMATCHES_CAPACITY = 1024
+
+
+@dataclass(slots=True)
+class TranslateStats:
+    events: int = 0
+    blocks_stored: int = 0
+    blocks_removed: int = 0
+    unknown_hashes: int = 0
+    malformed: int = 0
+    ignored: int = 0  # unknown types, media, or KV-cache groups other than the indexed ones
+    size_mismatches: int = 0
+
+
+def cache_salt_of(extra_keys: list[Any] | None, lora_name: str | None) -> str | None:
+    """The cache salt vLLM put into the first block's extra keys, if any.
+
+    vLLM publishes per block ``(lora_name?, (mm_id, offset)..., cache_salt?,
+    prompt_embeds_digest?)`` untagged (``to_event_extra_keys``), and only the block
+    that starts at token 0 carries the salt. So: the first string of the first entry
+    after the LoRA name (when a LoRA is set); mm pairs are arrays, digests bytes.
+    """
+    if not extra_keys or not isinstance(extra_keys[0], list | tuple):
+        return None
+    strings = [k for k in extra_keys[0] if isinstance(k, str)]
+    if lora_name is not None and strings and strings[0] == lora_name:
+        strings = strings[1:]
+    return strings[0] if strings else None
+
+
+class EventTranslator:
+    """Stateful translator of one pod's (DP rank's) event stream."""
+
+    def __init__(
+        self,
+        pod: str,
+        keyer: BlockKeyer,
+        metrics: IndexMetrics | None = None,
+        map_capacity: int = DEFAULT_CAPACITY,
+        groups: frozenset[int] = frozenset({0}),
+    ) -> None:
+        self.pod = pod
+        self.keyer = keyer
+        self.metrics = metrics if metrics is not None else IndexMetrics()
+        self.map = EngineKeyMap(map_capacity)
+        self.groups = groups  # KV-cache groups indexed (0: the full-attention group)
+        self.stats = TranslateStats()
+        self._logged_sizes: set[int] = set()
+        m = self.metrics
+        self._unknown = m.unknown_hashes.labels(pod=pod)
+        self._mismatch = m.block_size_mismatches.labels(pod=pod)
+        self._decode_errors = m.decode_errors.labels(pod=pod)
+
+    def reset(self) -> None:
+        """Forget learned hashes (engine restarted: its hashes may be seeded anew)."""
+        self.map.clear()
+
+    def translate(self, batch: EngineBatch) -> list[IndexOp]:
+        """Ops for one batch, consecutive same-kind ops of one tier merged."""
+        if batch.malformed:
+            self.stats.malformed += batch.malformed
+            self._decode_errors.inc(batch.malformed)
+        self.stats.ignored += batch.ignored
+        ops: list[IndexOp] = []
+        for event in batch.events:
+            self.stats.events += 1
+            if isinstance(event, EngineStored):
+                op: IndexOp | None = self._stored(event)
+            elif isinstance(event, EngineRemoved):
+                op = self._removed(event)
+            else:
+                op = self._cleared(event)
+            if op is not None:
+                _append_merged(ops, op)
+        return ops
+
+    def _count(self, kind: str, medium: str | None) -> None:
+        self.metrics.events_applied.labels(
+            type=kind, medium=normalize_medium(medium), pod=self.pod
+        ).inc()
+
+    def _indexed(self, group_idx: int | None) -> bool:
+        return group_idx is None or group_idx in self.groups
+
+    def _stored(self, ev: EngineStored) -> Stored | None:
+        tier = tier_of(ev.medium, ev.locality)
+        if tier is None or not self._indexed(ev.group_idx):
+            self.stats.ignored += 1
+            return None
+        if ev.block_size and ev.block_size != self.keyer.block_size:
+            self._size_mismatch(ev.block_size)
+        keys = self._learn(ev) if ev.token_ids else self._resolve(ev.hashes)
+        if not keys:
+            return None
+        self.stats.blocks_stored += len(keys)
+        self._count("BlockStored", ev.medium)
+        return Stored(tier, keys)
+
+    def _removed(self, ev: EngineRemoved) -> Removed | None:
+        tier = tier_of(ev.medium, ev.locality)
+        if tier is None or not self._indexed(ev.group_idx):
+            self.stats.ignored += 1
+            return None
+        keys = self._resolve(ev.hashes)
+        if not keys:
+            return None
+        self.stats.blocks_removed += len(keys)
+        self._count("BlockRemoved", ev.medium)
+        return Removed(tier, keys)
+
+    def _cleared(self, ev: EngineCleared) -> Cleared:
+        self._count("AllBlocksCleared", None)
+        return Cleared(POD_TIERS)
+
+    def _learn(self, ev: EngineStored) -> list[int]:
+        """Router keys of a BlockStored with tokens; remembers engine hash → keys."""
+        size = self.keyer.block_size
+        per = ev.block_size // size if ev.block_size % size == 0 else 0
+        n = len(ev.hashes)
+        if per == 0 or len(ev.token_ids) != n * ev.block_size:
+            if per:  # the sizes agree but the token count does not: a broken event
+                self.stats.malformed += 1
+                self._decode_errors.inc()
+            return []
+        parent = self._parent_key(ev)
+        if parent is None:
+            return []
+        try:
+            packed = pack_tokens(ev.token_ids)
+        except (OverflowError, TypeError):
+            self.stats.malformed += 1
+            self._decode_errors.inc()
+            return []
+        keys = chain_packed(parent, packed, size, n * per)
+        learn = self.map.learn
+        if per == 1:
+            for engine_hash, key in zip(ev.hashes, keys, strict=True):
+                learn(engine_hash, key)
+        else:
+            for i, engine_hash in enumerate(ev.hashes):
+                learn(engine_hash, tuple(keys[i * per : (i + 1) * per]))
+        return keys
+
+    def _parent_key(self, ev: EngineStored) -> int | None:
+        if ev.parent is None:
+            salt = cache_salt_of(ev.extra_keys, ev.lora_name)
+            return self.keyer.root_for(ev.lora_name, salt)
+        key = self.map.last_key(ev.parent)
+        if key is None:  # parent evicted or learnt before we joined: cannot chain
+            self._unknown_hashes(len(ev.hashes))
+        return key
+
+    def _resolve(self, hashes: list[Any]) -> list[int]:
+        keys: list[int] = []
+        unknown = 0
+        get = self.map.get
+        for engine_hash in hashes:
+            found = get(engine_hash)
+            if found is None:
+                unknown += 1
+            elif isinstance(found, int):
+                keys.append(found)
+            else:
+                keys.extend(found)
+        if unknown:
+            self._unknown_hashes(unknown)
+        return keys
+
+    def _unknown_hashes(self, n: int) -> None:
+        self.stats.unknown_hashes += n
+        self._unknown.inc(n)
+
+    def _size_mismatch(self, event_size: int) -> None:
+        self.stats.size_mismatches += 1
+        self._mismatch.inc()
+        if (
+            event_size in self._logged_sizes
+            or len(self._logged_sizes) > _LOGGED_MISMATCHES_CAPACITY
+        ):
+            return
+        self._logged_sizes.add(event_size)
+        handled = event_size % self.keyer.block_size == 0
+        log.warning(
+            "pod %s: event block size %d differs from configured %d for model %s (%s)",
+            self.pod,
+            event_size,
+            self.keyer.block_size,
+            self.keyer.model,
+            "mapped onto router blocks" if handled else "events with tokens skipped",
+        )
+
+
+def _append_merged(ops: list[IndexOp], op: IndexOp) -> None:
+    """Merge ``op`` into the previous op when both store (or remove) in the same tier."""
+    if ops:
+        last = ops[-1]
+        same = type(last) is type(op) and not isinstance(op, Cleared)
+        if same and last.tier == op.tier and isinstance(last.keys, list):  # type: ignore[union-attr]
+            last.keys.extend(op.keys)  # type: ignore[union-attr]  # lists built by this module
+            return
+    ops.append(op)

@@ -1,0 +1,118 @@
+"""Router block keys: chained 64-bit xxh3 hashes over full blocks of token ids.
+
+The gateway keys blocks itself instead of reproducing the engine's hash (sha256 over
+pickle/cbor, seeded per process in older vLLM): the engine's hashes are learned and
+mapped onto these keys from ``BlockStored`` events (``kvindex.events.engine_map``).
+
+Definition (stable; other gateway replicas and the Redis index rely on it)::
+
+    root   = xxh3_64(b"kvgate-v1" + field(model) + field(lora_name) + field(cache_salt))
+    key_0  = xxh3_64(le_u64(root)    + le_u32[tokens of block 0])
+    key_i  = xxh3_64(le_u64(key_i-1) + le_u32[tokens of block i])
+
+``field(None)`` is ``b"\\x00"``; ``field(s)`` is ``b"\\x01" + le_u32(len) + utf8(s)``, so
+``None`` and ``""`` differ and no two field tuples collide by concatenation. Only full
+blocks are keyed: vLLM caches (and reports) full blocks only. The salt seeds the root,
+so it changes every key of the chain, exactly as vLLM's ``cache_salt`` (first block's
+extra key) changes every engine hash after it.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import xxhash
+
+_XXH3 = xxhash.xxh3_64_intdigest
+_LE_U64 = struct.Struct("<Q")
+_ROOT_TAG = b"kvgate-v1"
+_ROOT_CACHE_CAPACITY = 1024  # distinct (lora, salt) pairs remembered per keyer
+MASK64 = (1 << 64) - 1
+
+
+def _field(value: str | None) -> bytes:
+    if value is None:
+        return b"\x00"
+    raw = value.encode("utf-8", "surrogatepass")
+    return b"\x01" + len(raw).to_bytes(4, "little") + raw
+
+
+def root_key(model: str, lora_name: str | None = None, cache_salt: str | None = None) -> int:
+    """The chain seed for one (model, LoRA, salt): the 'parent' of block 0."""
+    return _XXH3(_ROOT_TAG + _field(model) + _field(lora_name) + _field(cache_salt))
+
+
+def pack_tokens(token_ids: Sequence[int]) -> bytes:
+    """Token ids as a little-endian uint32 array (raises OverflowError/TypeError on bad ids)."""
+    packed = array("I", token_ids)
+    if sys.byteorder != "little":  # pragma: no cover - all supported hosts are little-endian
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def chain_packed(parent: int, packed: bytes, block_size: int, n_blocks: int) -> list[int]:
+    """Keys of ``n_blocks`` consecutive blocks of ``packed`` tokens, chained from ``parent``."""
+    step = 4 * block_size
+    pack_parent = _LE_U64.pack
+    keys: list[int] = []
+    for start in range(0, n_blocks * step, step):
+        parent = _XXH3(pack_parent(parent) + packed[start : start + step])
+        keys.append(parent)
+    return keys
+
+
+class BlockKeyer:
+    """Token ids → chained router keys for one model and block size.
+
+    ``BlockKeyer(model, block_size, lora_name, cache_salt)`` fixes the default root;
+    ``keys_for`` takes another LoRA/salt per call (roots are cached, bounded).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        block_size: int,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+    ) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.model = model
+        self.block_size = block_size
+        self.lora_name = lora_name
+        self.cache_salt = cache_salt
+        self._roots: OrderedDict[tuple[str | None, str | None], int] = OrderedDict()
+        self.root = self.root_for(lora_name, cache_salt)
+
+    def root_for(self, lora_name: str | None, cache_salt: str | None) -> int:
+        """Root seed for this model with the given LoRA and salt (LRU-cached)."""
+        key = (lora_name, cache_salt)
+        root = self._roots.get(key)
+        if root is None:
+            root = root_key(self.model, lora_name, cache_salt)
+            self._roots[key] = root
+            if len(self._roots) > _ROOT_CACHE_CAPACITY:
+                self._roots.popitem(last=False)
+        return root
+
+    def keys(self, token_ids: Sequence[int]) -> list[int]:
+        """Keys of every full block of ``token_ids`` under the default root."""
+        return self.chain(self.root, token_ids)
+
+    def keys_for(
+        self, token_ids: Sequence[int], lora_name: str | None, cache_salt: str | None
+    ) -> list[int]:
+        """Keys of every full block for a request with its own LoRA and salt."""
+        return self.chain(self.root_for(lora_name, cache_salt), token_ids)
+
+    def chain(self, parent: int, token_ids: Sequence[int]) -> list[int]:
+        """Keys of the full blocks of ``token_ids`` continuing a chain after ``parent``."""
+        n_blocks = len(token_ids) // self.block_size
+        if n_blocks == 0:
+            return []
+        packed = pack_tokens(token_ids[: n_blocks * self.block_size])
+        return chain_packed(parent, packed, self.block_size, n_blocks)
