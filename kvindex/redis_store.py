@@ -1,0 +1,226 @@
+"""``IndexStore`` in Redis, so many gateway replicas share one index.
+
+Layout: one string per block key, named ``{kvgate:<namespace>}:b:<key as 16 hex>``
+(value format in ``kvindex.redis_scripts``). Why one hash tag for the whole
+namespace: a lookup is ONE Lua script that walks thousands of block keys, and
+Redis Cluster only lets a script touch keys of a single slot. The price is that
+one namespace (one model) lives on one shard; spread models over namespaces.
+
+Why it stays flat in memory: every write of a block refreshes a TTL
+(``key_ttl_s``, default 1 h), so blocks whose removal events were lost still go
+away. Run Redis with ``maxmemory <bytes>`` and ``maxmemory-policy allkeys-lru``
+as the hard bound; lookups read keys, so Redis's LRU keeps hot prefixes. Pick
+``key_ttl_s`` above the time a block stays cached without being re-stored
+(vLLM emits ``BlockStored`` once per residency); a block that outlives its TTL
+simply stops attracting requests until it is stored again.
+
+``stats().keys`` is ``DBSIZE``: give the index its own Redis DB (``/1`` in the
+URL) or instance. Per-pod counts are not tracked (that would cost a write per
+event); ``drop_pod`` and ``Cleared`` SCAN the namespace, which is fine for
+their rarity (pod ejection, engine restart).
+
+Errors (``redis.exceptions.RedisError``, ``OSError``) propagate: wrap the store
+in ``ResilientStore`` for fallback. Socket timeouts default to 100 ms and a
+failed command is retried once (a stale pooled connection after a restart).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError
+
+from kvindex.redis_scripts import APPLY, LOOKUP
+from kvindex.store import Cleared, IndexOp, IndexStats, Removed, Stored
+from kvindex.types import PodPrefix, PrefixMatch, Tier
+
+_MAX_KEY = 1 << 64
+_KEYS_PER_CALL = 4096  # bounds how long one apply script blocks Redis (~10 ms)
+_FORBIDDEN_IN_POD = set("|;=")  # separators of the value format
+_TIER_MASK = {Tier.L0: 1, Tier.L1: 2, Tier.L2: 4}
+
+
+class RedisStore:
+    """Shared index in Redis; see the module docstring for layout and sizing."""
+
+    backend = "redis"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        namespace: str = "kvgate",
+        key_ttl_s: float = 3600.0,
+        max_keys: int = 0,
+        socket_timeout: float = 0.1,
+        socket_connect_timeout: float = 0.1,
+        retries: int = 1,
+        **redis_kwargs: Any,
+    ) -> None:
+        """``url``: redis:// or rediss:// (TLS); password and TLS options
+        (``password``, ``ssl_ca_certs``, ``ssl_certfile`` …) go in the URL or
+        ``redis_kwargs``. ``max_keys`` is the capacity reported by ``stats`` (set
+        it to what ``maxmemory`` holds); it bounds nothing by itself."""
+        if any(c in namespace for c in "{}"):
+            raise ValueError("namespace must not contain braces (it becomes the hash tag)")
+        self.namespace = namespace
+        self.key_ttl_ms = max(1, int(key_ttl_s * 1000))
+        self.capacity = max_keys
+        self.prefix = f"{{kvgate:{namespace}}}:b:"
+        self.name_len = len(self.prefix.encode()) + 16
+        self.bad_keys = 0  # keys outside [0, 2^64), counted and skipped
+        self.bad_pods = 0  # pod ids containing | ; or =
+        self.bad_ops = 0  # ops of an unknown type
+        self._redis: Redis = Redis.from_url(
+            url,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_connect_timeout,
+            retry=Retry(NoBackoff(), retries),
+            **redis_kwargs,
+        )
+        self._lookup = self._redis.register_script(LOOKUP)
+        self._apply = self._redis.register_script(APPLY)
+
+    @property
+    def client(self) -> Redis:
+        return self._redis
+
+    def key_name(self, key: int) -> str:
+        return f"{self.prefix}{key:016x}"
+
+    def _names(self, keys: Sequence[int]) -> bytes:
+        """Block key names concatenated (all ``name_len`` bytes), built at C speed."""
+        try:
+            packed = struct.pack(f">{len(keys)}Q", *keys)
+        except struct.error:
+            good = [k for k in keys if isinstance(k, int) and 0 <= k < _MAX_KEY]
+            self.bad_keys += len(keys) - len(good)
+            packed = struct.pack(f">{len(good)}Q", *good)
+        if not packed:
+            return b""
+        return (self.prefix + packed.hex(":", 8).replace(":", self.prefix)).encode()
+
+    # -- reads ----------------------------------------------------------------
+
+    async def _walk(self, keys: Sequence[int]) -> tuple[int, dict[str, PodPrefix], dict[str, int]]:
+        names = self._names(keys)
+        if not names:
+            return 0, {}, {}
+        first = names[: self.name_len]
+        res = await self._lookup(keys=[first], args=[names, self.name_len])
+        l2, npods = int(res[0]), int(res[1])
+        pods: dict[str, PodPrefix] = {}
+        for j in range(2, 2 + 3 * npods, 3):
+            pods[res[j].decode()] = PodPrefix(l0=int(res[j + 1]), l0_l1=int(res[j + 2]))
+        writers = {
+            res[j].decode(): int(res[j + 1]) for j in range(2 + 3 * npods, len(res), 2) if res[j]
+        }
+        return l2, pods, writers
+
+    async def match(self, keys: Sequence[int], block_size: int) -> PrefixMatch:
+        """One round trip: the script stops at the first key nobody holds."""
+        l2, pods, _ = await self._walk(keys)
+        return PrefixMatch(total_blocks=len(keys), block_size=block_size, pods=pods, l2=l2)
+
+    async def l2_writers(self, keys: Sequence[int]) -> dict[str, int]:
+        """Writer pod -> number of blocks it wrote within the fleet-wide L2 prefix."""
+        return (await self._walk(keys))[2]
+
+    async def stats(self) -> IndexStats:
+        return IndexStats(
+            backend=self.backend, keys=int(await self._redis.dbsize()), capacity=self.capacity
+        )
+
+    async def ping(self) -> bool:
+        return bool(await self._redis.ping())
+
+    # -- writes ---------------------------------------------------------------
+
+    async def apply(self, pod: str, ops: Sequence[IndexOp]) -> None:
+        """All of a batch's Stored/Removed in one pipelined round trip."""
+        if not self._pod_ok(pod):
+            return
+        calls: list[list[Any]] = []
+        for op in ops:
+            if isinstance(op, Stored | Removed):
+                code = ("S" if isinstance(op, Stored) else "R") + str(int(op.tier))
+                calls += self._calls(code, pod, op.keys, 0)
+            elif isinstance(op, Cleared):
+                await self._run(calls)  # keep event order: earlier ops land first
+                calls = []
+                await self._clear(pod, sum(_TIER_MASK[t] for t in set(op.tiers)))
+            else:
+                self.bad_ops += 1
+        await self._run(calls)
+
+    async def speculate(self, pod: str, keys: Sequence[int], ttl_s: float) -> None:
+        """Mark ``pod`` as holding ``keys`` in L0 for ``ttl_s`` unless confirmed sooner.
+
+        Deadlines use the Redis server clock, so all replicas agree on expiry."""
+        if self._pod_ok(pod):
+            await self._run(self._calls("P", pod, keys, max(1, int(ttl_s * 1000))))
+
+    def _calls(self, code: str, pod: str, keys: Sequence[int], extra: int) -> list[list[Any]]:
+        """APPLY script argument lists, ``_KEYS_PER_CALL`` keys each."""
+        out = []
+        for i in range(0, len(keys), _KEYS_PER_CALL):
+            names = self._names(keys[i : i + _KEYS_PER_CALL])
+            if names:
+                out.append([code, pod, self.key_ttl_ms, names, self.name_len, extra])
+        return out
+
+    async def _run(self, calls: list[list[Any]]) -> None:
+        """EVALSHA each call in one pipeline; load the script once if Redis lost it.
+
+        Not ``Script`` objects in the pipeline: redis-py then sends SCRIPT EXISTS
+        before every batch, a second round trip. Re-running a batch is safe: every
+        op is idempotent (set semantics)."""
+        for attempt in (0, 1):
+            if not calls:
+                return
+            pipe = self._redis.pipeline(transaction=False)
+            for args in calls:
+                pipe.evalsha(self._apply.sha, 1, args[3][: self.name_len], *args)
+            try:
+                await pipe.execute()
+                return
+            except NoScriptError:
+                if attempt:
+                    raise
+                self._apply.sha = await self._redis.script_load(APPLY)
+
+    async def drop_pod(self, pod: str) -> None:
+        """Forget an ejected pod's L0/L1 entries; its L2 writes stay (shared storage)."""
+        if self._pod_ok(pod):
+            await self._clear(pod, _TIER_MASK[Tier.L0] | _TIER_MASK[Tier.L1])
+
+    async def _clear(self, pod: str, mask: int) -> None:
+        """SCAN the namespace and clear ``pod``'s tiers in ``mask`` batch by batch."""
+        pattern = _glob_escape(self.prefix) + "*"
+        cursor = 0
+        while True:
+            cursor, found = await self._redis.scan(cursor, match=pattern, count=2000)
+            names = b"".join(n for n in found if len(n) == self.name_len)
+            if names:
+                await self._run([["C", pod, self.key_ttl_ms, names, self.name_len, mask]])
+            if cursor == 0:
+                return
+
+    def _pod_ok(self, pod: str) -> bool:
+        """Pod ids with a separator of the value format are counted and skipped."""
+        if pod and not _FORBIDDEN_IN_POD & set(pod):
+            return True
+        self.bad_pods += 1
+        return False
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
