@@ -1,0 +1,149 @@
+"""Block-granular prefix cache of a simulated pod, as a chain of tiers.
+
+Only L0 (the engine's GPU prefix cache, KV-event medium ``GPU``) exists today;
+the chain is the seam where L1 (host DRAM, medium ``CPU``) and L2 (a directory
+shared by pods, medium ``STORAGE``) slot in: a lookup walks the tiers in order
+and each tier extends the consecutive prefix the tiers before it left off.
+
+Fidelity notes (vLLM 0.32, ``KVCacheManager.get_computed_blocks``):
+only full blocks are cached, and when every full block of a prompt is cached the
+engine still recomputes the last prompt token to get logits, so the usable hit is
+capped at ``(num_prompt_tokens - 1) // block_size`` blocks (see ``max_hit_blocks``).
+Freed blocks go back to the free queue tail-first, so of one request's chain the
+*last* block is evicted first; ``LRUTier.insert`` reproduces that order.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from bench.sim.hashing import BlockHash
+
+
+def max_hit_blocks(num_prompt_tokens: int, block_size: int) -> int:
+    """Most blocks a prompt can take from cache: the last token is always recomputed."""
+    return max(num_prompt_tokens - 1, 0) // block_size
+
+
+@dataclass(slots=True)
+class InsertResult:
+    """What one insert did to one tier."""
+
+    stored: list[BlockHash] = field(default_factory=list)  # newly held, chain order
+    evicted: list[BlockHash] = field(default_factory=list)  # dropped, eviction order
+    held: int = 0  # leading blocks of the inserted chain the tier now holds
+
+
+class CacheTier(Protocol):
+    """One level of the cache: a bounded set of block hashes."""
+
+    name: str  # "L0", "L1", "L2"
+    medium: str  # the KV-event medium: "GPU", "CPU", "STORAGE"
+    capacity: int
+
+    def __len__(self) -> int: ...
+    def __contains__(self, block_hash: object) -> bool: ...
+    def lookup(self, hashes: Sequence[BlockHash], start: int = 0) -> int: ...
+    def insert(self, hashes: Sequence[BlockHash]) -> InsertResult: ...
+    def clear(self) -> int: ...
+
+
+class LRUTier:
+    """A bounded LRU set of block hashes; O(len(chain)) per call, never O(capacity)."""
+
+    def __init__(self, capacity: int, name: str = "L0", medium: str = "GPU") -> None:
+        if capacity <= 0:
+            raise ValueError("capacity must be positive")
+        self.name = name
+        self.medium = medium
+        self.capacity = capacity
+        # Front = evicted next. Values unused: an ordered set.
+        self._blocks: OrderedDict[BlockHash, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def __contains__(self, block_hash: object) -> bool:
+        return block_hash in self._blocks
+
+    def lookup(self, hashes: Sequence[BlockHash], start: int = 0) -> int:
+        """Consecutive blocks held from ``hashes[start]`` on. Does not touch LRU order."""
+        held = 0
+        for h in hashes[start:]:
+            if h not in self._blocks:
+                break
+            held += 1
+        return held
+
+    def insert(self, hashes: Sequence[BlockHash]) -> InsertResult:
+        """Hold the chain ``hashes`` (a prefix from block 0), most recently used.
+
+        Existing blocks are touched, missing ones stored; a chain longer than the
+        tier keeps only its leading ``capacity`` blocks. The chain goes in
+        reversed so its tail is evicted first, like vLLM's free queue.
+        """
+        chain = hashes[: self.capacity]
+        result = InsertResult(held=len(chain))
+        blocks = self._blocks
+        for h in reversed(chain):
+            if h in blocks:
+                blocks.move_to_end(h)
+            else:
+                blocks[h] = None
+                result.stored.append(h)
+        result.stored.reverse()
+        while len(blocks) > self.capacity:
+            evicted, _ = blocks.popitem(last=False)
+            result.evicted.append(evicted)
+        return result
+
+    def clear(self) -> int:
+        """Drop everything (vLLM's reset_prefix_cache); returns how many were held."""
+        n = len(self._blocks)
+        self._blocks.clear()
+        return n
+
+
+@dataclass(frozen=True, slots=True)
+class ChainHit:
+    """Consecutive prefix per tier: tier i serves ``blocks[i]`` blocks after tiers < i."""
+
+    blocks: tuple[int, ...]
+
+    @property
+    def total(self) -> int:
+        return sum(self.blocks)
+
+
+class TierChain:
+    """The pod's tiers in lookup order (L0 first)."""
+
+    def __init__(self, tiers: Sequence[CacheTier]) -> None:
+        if not tiers:
+            raise ValueError("a chain needs at least one tier")
+        self.tiers: tuple[CacheTier, ...] = tuple(tiers)
+
+    @property
+    def l0(self) -> CacheTier:
+        return self.tiers[0]
+
+    def lookup(self, hashes: Sequence[BlockHash], max_blocks: int | None = None) -> ChainHit:
+        """Per-tier consecutive hits over ``hashes[:max_blocks]``."""
+        chain = hashes if max_blocks is None else hashes[:max_blocks]
+        counts: list[int] = []
+        start = 0
+        for tier in self.tiers:
+            n = tier.lookup(chain, start)
+            counts.append(n)
+            start += n
+        return ChainHit(tuple(counts))
+
+    def insert(self, hashes: Sequence[BlockHash]) -> InsertResult:
+        """Store a computed chain in L0 (lower tiers fill by their own policies later)."""
+        return self.l0.insert(hashes)
+
+    def clear(self) -> int:
+        return sum(tier.clear() for tier in self.tiers)

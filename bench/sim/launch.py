@@ -1,0 +1,172 @@
+"""Run simulated pods as real subprocesses on loopback, for tests and benchmarks.
+
+Each pod is ``sys.executable -m bench.sim`` on a free port, so a gateway under
+test talks to it over real HTTP/ZMQ exactly as it would to vLLM, and a test can
+SIGKILL one and start it again on the same ports.
+
+    with sim_fleet(3, l0_capacity_blocks=64, kv_events=True) as pods:
+        ... pods[0].url, pods[0].events_endpoint, pods[0].replay_endpoint ...
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+_SCALED = {"overhead_s": ("--overhead-ms", 1e3), "itl_s": ("--itl-ms", 1e3)}
+_RENAMED = {"model": "--served-model-name"}
+_EVENT_KEYS = ("kv_events", "kv_events_old_shape", "kv_events_bytes_hashes", "topic")
+
+
+def free_port() -> int:
+    """A loopback TCP port free right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _config_flags(overrides: dict[str, Any]) -> list[str]:
+    """SimConfig field overrides → CLI flags (``itl_s=0.01`` → ``--itl-ms 10``)."""
+    flags: list[str] = []
+    for key, value in overrides.items():
+        if key in _SCALED:
+            flag, scale = _SCALED[key]
+            flags += [flag, repr(float(value) * scale)]
+        else:
+            flags += [_RENAMED.get(key, "--" + key.replace("_", "-")), str(value)]
+    return flags
+
+
+class SimPod:
+    """One simulated pod subprocess; ``start``/``stop``/``kill`` keep its ports."""
+
+    def __init__(self, name: str, overrides: dict[str, Any], events: dict[str, Any]) -> None:
+        self.name = name
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.events_endpoint: str | None = None
+        self.replay_endpoint: str | None = None
+        flags = ["--port", str(self.port), *_config_flags(overrides)]
+        if events.get("kv_events"):
+            flags += self._event_flags(events)
+        self.args = flags
+        fd, path = tempfile.mkstemp(prefix=f"kvgate-{name}-", suffix=".log")
+        os.close(fd)
+        self.log_path = Path(path)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def _event_flags(self, events: dict[str, Any]) -> list[str]:
+        pub, replay = free_port(), free_port()
+        self.events_endpoint = f"tcp://127.0.0.1:{pub}"
+        self.replay_endpoint = f"tcp://127.0.0.1:{replay}"
+        cfg = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{pub}",  # '*' makes the publisher bind, as in vLLM
+            "replay_endpoint": f"tcp://*:{replay}",
+            "topic": events.get("topic", "kv-events"),
+        }
+        flags = ["--kv-events-config", json.dumps(cfg)]
+        if events.get("kv_events_old_shape"):
+            flags.append("--kv-events-old-shape")
+        if events.get("kv_events_bytes_hashes"):
+            flags.append("--kv-events-bytes-hashes")
+        return flags
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def spawn(self) -> None:
+        """Start the process without waiting for it to serve."""
+        if self.running:
+            return
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "bench.sim", *self.args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+
+    def wait_healthy(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.running:
+                raise RuntimeError(f"{self.name} exited; log {self.log_path}:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"{self.name} not healthy after {timeout}s; log {self.log_path}")
+
+    def start(self, timeout: float = 30.0) -> SimPod:
+        self.spawn()
+        self.wait_healthy(timeout)
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM (uvicorn drains and exits), SIGKILL if it does not."""
+        if not self.running:
+            return
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL: the pod vanishes mid-whatever, like a crashed engine."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+
+def start_sim_pods(n: int, **overrides: Any) -> list[SimPod]:
+    """Start ``n`` pods in parallel and wait until all answer /health.
+
+    ``overrides`` are SimConfig fields (``l0_capacity_blocks=8``, ``itl_s=0.01``,
+    ``hash_seed="x"``) plus ``kv_events=True`` (free PUB/ROUTER ports),
+    ``kv_events_old_shape``, ``kv_events_bytes_hashes`` and ``topic``.
+    """
+    events = {k: overrides.pop(k) for k in _EVENT_KEYS if k in overrides}
+    pods = [SimPod(f"sim-{i}", overrides, events) for i in range(n)]
+    try:
+        for pod in pods:
+            pod.spawn()
+        for pod in pods:
+            pod.wait_healthy()
+    except BaseException:
+        for pod in pods:
+            pod.kill()
+        raise
+    return pods
+
+
+@contextmanager
+def sim_fleet(n: int, **overrides: Any) -> Iterator[list[SimPod]]:
+    """``start_sim_pods`` that stops every pod on exit."""
+    pods = start_sim_pods(n, **overrides)
+    try:
+        yield pods
+    finally:
+        for pod in pods:
+            pod.stop()
