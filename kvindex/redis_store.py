@@ -139,6 +139,10 @@ class RedisStore:
     async def ping(self) -> bool:
         return bool(await self._redis.ping())
 
+    async def server_id(self) -> str:
+        """The Redis process's ``run_id``: it changes when Redis restarts (and lost data)."""
+        return str((await self._redis.info("server"))["run_id"])
+
     # -- writes ---------------------------------------------------------------
 
     async def apply(self, pod: str, ops: Sequence[IndexOp]) -> None:

@@ -1,0 +1,214 @@
+"""Redis with a local safety net: the index never fails a request.
+
+``ResilientStore`` applies every event to a ``MemoryStore`` (this replica's own
+view, always current) and to the shared ``RedisStore``. Lookups go to Redis
+while it is healthy. On the first Redis error (connection refused, timeout,
+OOM …) the breaker opens: lookups are served from the local view with no
+Redis call at all, so a dead Redis costs one short socket timeout, not one per
+request. A background task pings Redis with exponential backoff; when it answers
+the store catches Redis up and closes the breaker:
+
+* same Redis process (``run_id`` unchanged; a network blip): replay the events
+  buffered while down (a bounded buffer);
+* restarted Redis (data lost) or buffer overflow: push a snapshot of the local
+  view, then the events buffered during the push.
+
+Nothing raises to the caller; every error is counted
+(``kvgate_index_redis_errors_total``) and every lookup answered locally
+(``kvgate_index_fallbacks_total``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Sequence
+from enum import Enum
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from redis.exceptions import RedisError
+
+from kvindex.memory_store import MemoryStore
+from kvindex.redis_store import RedisStore
+from kvindex.store import IndexOp, IndexStats
+from kvindex.types import PrefixMatch
+
+log = logging.getLogger(__name__)
+_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
+
+
+class ResilientMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.redis_errors = Counter(
+            "kvgate_index_redis_errors", "Redis index calls that failed", registry=registry
+        )
+        self.fallbacks = Counter(
+            "kvgate_index_fallbacks", "Lookups served by the local index view", registry=registry
+        )
+        self.redis_up = Gauge(
+            "kvgate_index_redis_up", "1 while lookups are served by Redis", registry=registry
+        )
+        self.redis_up.set(1)
+
+
+class _State(Enum):
+    UP = "up"
+    DOWN = "down"
+    CATCHING_UP = "catching_up"
+
+
+class ResilientStore:
+    """``IndexStore`` over a ``RedisStore`` with a ``MemoryStore`` fallback."""
+
+    backend = "redis+memory"
+
+    def __init__(
+        self,
+        primary: RedisStore,
+        local: MemoryStore,
+        metrics: ResilientMetrics,
+        *,
+        backoff_s: tuple[float, float] = (0.05, 5.0),
+        max_buffered_batches: int = 10_000,
+    ) -> None:
+        self.primary = primary
+        self.local = local
+        self.metrics = metrics
+        self._backoff = backoff_s
+        self._state = _State.UP
+        # (pod, ops) event batches, or (pod, None) for drop_pod, while Redis is down
+        self._buffer: deque[tuple[str, Sequence[IndexOp] | None]] = deque()
+        self._max_buffered = max_buffered_batches
+        self._overflowed = False
+        self._run_id: str | None = None
+        self._probe: asyncio.Task[None] | None = None
+
+    @property
+    def using_redis(self) -> bool:
+        return self._state is _State.UP
+
+    async def apply(self, pod: str, ops: Sequence[IndexOp]) -> None:
+        self.local.apply_now(pod, ops)
+        if self._state is not _State.UP:
+            self._buffer_ops(pod, ops)
+            return
+        try:
+            if self._run_id is None:
+                self._run_id = await self.primary.server_id()
+            await self.primary.apply(pod, ops)
+        except _ERRORS as exc:
+            self._failed(exc)
+            self._overflowed = True  # part of this batch may be missing: resync fully
+
+    async def match(self, keys: Sequence[int], block_size: int) -> PrefixMatch:
+        if self._state is _State.UP:
+            try:
+                return await self.primary.match(keys, block_size)
+            except _ERRORS as exc:
+                self._failed(exc)
+        self.metrics.fallbacks.inc()
+        return self.local.match_now(keys, block_size)
+
+    async def speculate(self, pod: str, keys: Sequence[int], ttl_s: float) -> None:
+        """Speculation is short-lived: while Redis is down it only goes to the local view."""
+        self.local.speculate_now(pod, keys, ttl_s)
+        if self._state is _State.UP:
+            try:
+                await self.primary.speculate(pod, keys, ttl_s)
+            except _ERRORS as exc:
+                self._failed(exc)
+
+    async def l2_writers(self, keys: Sequence[int]) -> dict[str, int]:
+        if self._state is _State.UP:
+            try:
+                return await self.primary.l2_writers(keys)
+            except _ERRORS as exc:
+                self._failed(exc)
+        return self.local.l2_writers_now(keys)
+
+    async def drop_pod(self, pod: str) -> None:
+        self.local.drop_pod_now(pod)
+        if self._state is _State.UP:
+            try:
+                await self.primary.drop_pod(pod)
+                return
+            except _ERRORS as exc:
+                self._failed(exc)
+        self._buffer_ops(pod, None)
+
+    async def stats(self) -> IndexStats:
+        if self._state is _State.UP:
+            try:
+                return await self.primary.stats()
+            except _ERRORS as exc:
+                self._failed(exc)
+        return self.local.stats_now()
+
+    async def close(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe
+        await self.primary.close()
+        await self.local.close()
+
+    # -- breaker ----------------------------------------------------------------
+
+    def _buffer_ops(self, pod: str, ops: Sequence[IndexOp] | None) -> None:
+        if len(self._buffer) >= self._max_buffered:
+            self._buffer.clear()
+            self._overflowed = True
+        self._buffer.append((pod, ops))
+
+    def _failed(self, exc: BaseException) -> None:
+        self.metrics.redis_errors.inc()
+        if self._state is _State.UP:
+            log.warning("redis index unavailable, serving the local view: %r", exc)
+        self._state = _State.DOWN
+        self.metrics.redis_up.set(0)
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.get_running_loop().create_task(self._recover())
+
+    async def _recover(self) -> None:
+        delay = self._backoff[0]
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await self._catch_up()
+                break
+            except _ERRORS as exc:
+                self.metrics.redis_errors.inc()
+                self._state = _State.DOWN
+                log.debug("redis index still unavailable: %r", exc)
+                delay = min(delay * 2, self._backoff[1])
+        self._state = _State.UP
+        self.metrics.redis_up.set(1)
+        log.warning("redis index recovered")
+
+    async def _catch_up(self) -> None:
+        """Bring Redis up to date with the local view, then let lookups use it.
+
+        A snapshot only adds entries: after an overflow on a Redis that kept its
+        data, entries removed meanwhile linger until their TTL."""
+        run_id = await self.primary.server_id()
+        self._state = _State.CATCHING_UP
+        full = run_id != self._run_id or self._overflowed
+        while True:
+            if full:
+                self._buffer.clear()  # the snapshot already contains these
+                self._overflowed = False
+                for pod, ops in self.local.snapshot():
+                    await self.primary.apply(pod, ops)
+            while self._buffer:
+                pod, maybe_ops = self._buffer[0]
+                if maybe_ops is None:
+                    await self.primary.drop_pod(pod)
+                else:
+                    await self.primary.apply(pod, maybe_ops)
+                self._buffer.popleft()
+            if not self._overflowed:
+                break
+            full = True  # overflowed while catching up: go round again
+        self._run_id = run_id
