@@ -21,7 +21,8 @@ their rarity (pod ejection, engine restart).
 
 Errors (``redis.exceptions.RedisError``, ``OSError``) propagate: wrap the store
 in ``ResilientStore`` for fallback. Socket timeouts default to 100 ms and a
-failed command is retried once (a stale pooled connection after a restart).
+command that lost its connection is retried once (a stale pooled connection
+after a restart); a timeout is not retried.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 
 from kvindex.redis_scripts import APPLY, LOOKUP
@@ -80,7 +82,9 @@ class RedisStore:
             url,
             socket_timeout=socket_timeout,
             socket_connect_timeout=socket_connect_timeout,
-            retry=Retry(NoBackoff(), retries),
+            # retry only a dropped connection (stale pool after a restart), never a
+            # timeout: a stalled Redis should cost one socket_timeout, not two
+            retry=Retry(NoBackoff(), retries, supported_errors=(RedisConnectionError,)),
             **redis_kwargs,
         )
         self._lookup = self._redis.register_script(LOOKUP)

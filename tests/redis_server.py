@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -72,8 +73,18 @@ class RedisServer:
             self.proc.wait()
             self.proc = None
 
+    def pause(self) -> None:
+        """SIGSTOP: a hung server; connections stay open but nothing answers."""
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
         if self.proc is not None:
+            self.resume()
             self.proc.terminate()
             try:
                 self.proc.wait(timeout=5)

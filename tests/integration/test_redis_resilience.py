@@ -1,0 +1,147 @@
+"""ResilientStore against a redis-server that crashes, hangs and comes back."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from kvindex.memory_store import MemoryStore
+from kvindex.redis_store import RedisStore
+from kvindex.resilient_store import ResilientMetrics, ResilientStore
+from kvindex.store import Removed, Stored
+from kvindex.types import PodPrefix, Tier
+from tests.redis_server import REDIS_SERVER, SKIP_REASON, RedisServer, running_redis
+
+pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)
+K = [0xC000 + i for i in range(16)]
+NS = "resilience"
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    """A private redis-server: these tests kill it."""
+    with running_redis() as s:
+        yield s
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture
+async def store(server: RedisServer, registry: CollectorRegistry) -> AsyncIterator[ResilientStore]:
+    primary = RedisStore(server.url, namespace=NS, socket_timeout=0.1)
+    s = ResilientStore(
+        primary, MemoryStore(1000), ResilientMetrics(registry), backoff_s=(0.02, 0.1)
+    )
+    yield s
+    await s.close()
+
+
+def counter(registry: CollectorRegistry, name: str) -> float:
+    return registry.get_sample_value(name) or 0.0
+
+
+async def wait_until(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_crashed_redis_is_served_from_local_view_and_caught_up_after_restart(
+    store: ResilientStore, server: RedisServer, registry: CollectorRegistry
+) -> None:
+    await store.apply("a", [Stored(Tier.L0, K[:4])])
+    assert (await store.match(K, 16)).pods == {"a": PodPrefix(4, 4)}
+    assert counter(registry, "kvgate_index_fallbacks_total") == 0
+
+    server.kill()
+    crashed = await store.match(K, 16)
+    await store.apply("a", [Stored(Tier.L0, K[4:6])])  # no exception while down
+    while_down = await store.match(K, 16)
+
+    assert crashed.pods == {"a": PodPrefix(4, 4)}
+    assert while_down.pods == {"a": PodPrefix(6, 6)}
+    assert not store.using_redis
+    assert counter(registry, "kvgate_index_fallbacks_total") == 2
+    assert counter(registry, "kvgate_index_redis_errors_total") >= 1
+    assert counter(registry, "kvgate_index_redis_up") == 0
+
+    server.start()  # same port, empty: the restarted Redis lost everything
+    await wait_until(lambda: store.using_redis)
+
+    replica = RedisStore(server.url, namespace=NS)  # another gateway replica
+    try:
+        assert (await replica.match(K, 16)).pods == {"a": PodPrefix(6, 6)}  # caught up
+        await replica.apply("b", [Stored(Tier.L1, K[:2])])
+        fallbacks = counter(registry, "kvgate_index_fallbacks_total")
+
+        # only Redis knows about b, so this answer proves lookups use Redis again
+        assert (await store.match(K, 16)).pods == {"a": PodPrefix(6, 6), "b": PodPrefix(0, 2)}
+        assert counter(registry, "kvgate_index_fallbacks_total") == fallbacks
+        assert counter(registry, "kvgate_index_redis_up") == 1
+    finally:
+        await replica.close()
+
+
+async def test_breaker_keeps_lookups_off_a_dead_redis(
+    store: ResilientStore, server: RedisServer, registry: CollectorRegistry
+) -> None:
+    await store.apply("a", [Stored(Tier.L0, K[:4])])
+    server.kill()
+    await store.match(K, 16)  # trips the breaker
+
+    start = time.perf_counter()
+    for _ in range(200):
+        assert (await store.match(K, 16)).pods == {"a": PodPrefix(4, 4)}
+    elapsed = time.perf_counter() - start
+
+    assert elapsed < 0.2  # local answers, no Redis round trip per request
+    # only the background probe (20 ms backoff, doubling) touches Redis meanwhile
+    assert counter(registry, "kvgate_index_redis_errors_total") < 20
+
+
+async def test_hung_redis_costs_one_socket_timeout_then_replays_buffered_events(
+    store: ResilientStore, server: RedisServer
+) -> None:
+    await store.apply("a", [Stored(Tier.L0, K[:6])])
+    server.pause()
+
+    start = time.perf_counter()
+    first = await store.match(K, 16)
+    first_s = time.perf_counter() - start
+    await store.apply("a", [Removed(Tier.L0, K[3:4])])
+
+    assert first.pods == {"a": PodPrefix(6, 6)}
+    assert first_s < 0.35  # one 100 ms socket timeout (plus a loaded CI box)
+    assert (await store.match(K, 16)).pods == {"a": PodPrefix(3, 3)}
+
+    server.resume()  # same process: no data lost, the buffered removal is replayed
+    await wait_until(lambda: store.using_redis)
+
+    replica = RedisStore(server.url, namespace=NS)
+    try:
+        assert (await replica.match(K, 16)).pods == {"a": PodPrefix(3, 3)}
+    finally:
+        await replica.close()
+
+
+async def test_drop_pod_while_down_reaches_redis_after_recovery(
+    store: ResilientStore, server: RedisServer
+) -> None:
+    await store.apply("a", [Stored(Tier.L0, K[:4])])
+    await store.apply("b", [Stored(Tier.L0, K[:2])])
+    server.pause()
+    await store.match(K, 16)
+
+    await store.drop_pod("a")
+    server.resume()
+    await wait_until(lambda: store.using_redis)
+
+    assert (await store.match(K, 16)).pods == {"b": PodPrefix(2, 2)}

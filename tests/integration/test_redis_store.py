@@ -1,0 +1,131 @@
+"""RedisStore specifics against a real redis-server: key layout, TTLs, sharing, bad input."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.crc import key_slot
+
+from kvindex.redis_store import RedisStore
+from kvindex.store import Removed, Stored
+from kvindex.types import PodPrefix, Tier
+from tests.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
+
+K = [0xB000 + i for i in range(2048)]
+
+
+@pytest.fixture
+async def store(redis_server: RedisServer) -> AsyncIterator[RedisStore]:  # noqa: F811
+    s = RedisStore(redis_server.url, namespace=f"r-{uuid.uuid4().hex[:8]}", key_ttl_s=60)
+    yield s
+    await s.close()
+
+
+async def _names(store: RedisStore) -> list[bytes]:
+    return [n async for n in store.client.scan_iter(match=store.prefix + "*", count=1000)]
+
+
+async def test_block_keys_share_one_hash_tag_so_a_script_sees_one_slot(store: RedisStore) -> None:
+    await store.apply("a", [Stored(Tier.L0, K[:50]), Stored(Tier.L2, [0, 2**64 - 1])])
+
+    names = await _names(store)
+
+    assert len(names) == 52
+    pattern = re.compile(r"\{kvgate:" + re.escape(store.namespace) + r"\}:b:[0-9a-f]{16}")
+    assert all(pattern.fullmatch(n.decode()) for n in names)
+    assert {key_slot(n) for n in names} == {key_slot(names[0])}
+    assert store.key_name(0xB000) == f"{{kvgate:{store.namespace}}}:b:000000000000b000"
+
+
+async def test_every_stored_block_key_carries_the_configured_ttl(store: RedisStore) -> None:
+    await store.apply("a", [Stored(Tier.L0, K[:3]), Stored(Tier.L2, K[3:5])])
+
+    ttls = [await store.client.pttl(store.key_name(k)) for k in K[:5]]
+
+    assert all(55_000 < t <= 60_000 for t in ttls), ttls
+
+
+async def test_speculation_only_keys_expire_with_the_speculation(store: RedisStore) -> None:
+    await store.speculate("a", K[:2], ttl_s=0.5)
+
+    ttl = await store.client.pttl(store.key_name(K[0]))
+
+    assert 0 < ttl <= 500
+
+
+async def test_removing_the_last_holder_deletes_the_key(store: RedisStore) -> None:
+    await store.apply("a", [Stored(Tier.L0, K[:2]), Stored(Tier.L2, K[:1])])
+    await store.apply("b", [Removed(Tier.L2, K[:1])])
+    await store.apply("a", [Removed(Tier.L0, K[:2])])
+
+    assert await _names(store) == []
+
+
+async def test_replicas_with_the_same_namespace_share_one_index(
+    store: RedisStore,
+    redis_server: RedisServer,  # noqa: F811
+) -> None:
+    replica = RedisStore(redis_server.url, namespace=store.namespace)
+    other_model = RedisStore(redis_server.url, namespace=store.namespace + "-other")
+    try:
+        await store.apply("a", [Stored(Tier.L0, K[:3])])
+
+        assert (await replica.match(K[:8], 16)).pods == {"a": PodPrefix(3, 3)}
+        assert (await other_model.match(K[:8], 16)).pods == {}
+    finally:
+        await replica.close()
+        await other_model.close()
+
+
+async def test_lookup_of_2048_keys_is_one_script_call(store: RedisStore) -> None:
+    await store.apply("a", [Stored(Tier.L0, K)])
+    await store.client.config_resetstat()
+
+    m = await store.match(K, 16)
+
+    stats = await store.client.info("commandstats")
+    assert m.pods == {"a": PodPrefix(2048, 2048)}
+    assert stats["cmdstat_evalsha"]["calls"] == 1
+    # the client issued one EVALSHA; TIME and the MGET chunks run inside the script
+    assert set(stats) == {
+        "cmdstat_evalsha",
+        "cmdstat_time",
+        "cmdstat_mget",
+        "cmdstat_config|resetstat",
+    }
+
+
+async def test_keys_out_of_range_and_bad_pod_ids_are_counted_and_skipped(
+    store: RedisStore,
+) -> None:
+    await store.apply("a", [Stored(Tier.L0, [K[0], -1, 2**64, K[1]])])
+    await store.apply("a|b", [Stored(Tier.L0, K[:5])])
+
+    assert (store.bad_keys, store.bad_pods) == (2, 1)
+    assert (await store.match(K[:5], 16)).pods == {"a": PodPrefix(2, 2)}
+
+
+async def test_store_recovers_when_redis_forgot_its_scripts(store: RedisStore) -> None:
+    await store.apply("a", [Stored(Tier.L0, K[:2])])
+    await store.client.script_flush()
+
+    await store.apply("a", [Stored(Tier.L0, K[2:4])])
+    await store.client.script_flush()
+
+    assert (await store.match(K, 16)).pods == {"a": PodPrefix(4, 4)}
+
+
+async def test_stats_report_the_dedicated_db_size(redis_server: RedisServer) -> None:  # noqa: F811
+    store = RedisStore(redis_server.url.replace("/0", "/5"), max_keys=1000)
+    try:
+        await store.client.flushdb()
+        await store.apply("a", [Stored(Tier.L0, K[:3])])
+
+        stats = await store.stats()
+
+        assert (stats.backend, stats.keys, stats.capacity) == ("redis", 3, 1000)
+    finally:
+        await store.close()
