@@ -279,7 +279,12 @@ class MemoryStore:
             if e is None:
                 break
             touch(key)
-            m0 = e.l0 if e.spec is None else e.l0 | self._live_spec(e)
+            m0 = e.l0
+            if e.spec is not None:
+                m0 |= self._live_spec(key, e)
+                if e.empty():  # only expired speculation was left
+                    del entries[key]
+                    break
             m01 = m0 | e.l1
             if i == 0:
                 alive0, alive01 = m0, m01
@@ -311,7 +316,7 @@ class MemoryStore:
         }
         return PrefixMatch(total_blocks=len(keys), block_size=block_size, pods=pods, l2=l2)
 
-    def _live_spec(self, e: _Entry) -> int:
+    def _live_spec(self, key: int, e: _Entry) -> int:
         """Bitmask of unexpired speculative L0 holders; prunes expired ones."""
         spec = e.spec or {}
         now = self._clock()
@@ -319,8 +324,10 @@ class MemoryStore:
         for slot, deadline in list(spec.items()):
             if deadline > now:
                 mask |= 1 << slot
-            else:
-                del spec[slot]
+                continue
+            del spec[slot]
+            if not ((e.l0 | e.l1) >> slot) & 1:
+                self._pod_keys[slot].discard(key)
         if not spec:
             e.spec = None
         return mask
