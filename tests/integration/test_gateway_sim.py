@@ -68,7 +68,9 @@ def test_non_streaming_completion_passes_usage_and_cached_tokens(gateway):
     c = client(gateway)
     prompt = "shared document " * 200
     # Twice to each pod (round-robin): the second visit to a pod hits its L0.
-    usages = [c.completions.create(model=MODEL, prompt=prompt, max_tokens=2).usage for _ in range(4)]
+    usages = [
+        c.completions.create(model=MODEL, prompt=prompt, max_tokens=2).usage for _ in range(4)
+    ]
     assert usages[0].prompt_tokens == usages[3].prompt_tokens
     assert usages[2].prompt_tokens_details.cached_tokens > 0
     assert usages[3].prompt_tokens_details.cached_tokens > 0
