@@ -70,6 +70,7 @@ class RankStats:
     lost_batches: int = 0  # gap batches neither live nor replayed
     duplicates: int = 0
     restarts: int = 0
+    internal_errors: int = 0  # exceptions caught by the last-resort handler (bugs)
 
 
 @dataclass(slots=True)
@@ -169,16 +170,22 @@ class KVEventSubscriber:
                 if monitor in ready:
                     self._on_monitor(st, await monitor.recv_multipart())
                 if sub in ready:
-                    frames = await sub.recv_multipart()
-                    try:
-                        await self._on_frames(st, frames)
-                    except Exception:  # never let one bad batch stop the stream
-                        self._decode_error(st)
-                        log.exception("pod %s rank %d: event handling failed", self.pod_id, st.rank)
+                    await self.handle_frames(await sub.recv_multipart(), st.rank)
         finally:
-            sub.disable_monitor()
+            with contextlib.suppress(zmq.ZMQError):  # the context may already be gone
+                sub.disable_monitor()
             monitor.close(linger=0)
             sub.close(linger=0)
+
+    async def handle_frames(self, frames: list[bytes], rank: int = 0) -> None:
+        """Handle one live message of ``rank`` (what the socket loop calls); never raises."""
+        st = self._ranks[rank]
+        try:
+            await self._on_frames(st, frames)
+        except Exception:  # never let one bad batch stop the stream
+            st.stats.internal_errors += 1
+            self._decode_error(st)
+            log.exception("pod %s rank %d: event handling failed", self.pod_id, st.rank)
 
     def _on_monitor(self, st: _RankState, frames: list[bytes]) -> None:
         try:
@@ -244,9 +251,9 @@ class KVEventSubscriber:
         """Replay from ``start``, apply everything up to and past ``trigger`` in order."""
         replayed = await self._replay(st, start)
         replayed.setdefault(trigger.seq, trigger.payload)
-        missing = sum(1 for s in range(start, trigger.seq) if s not in replayed)
         if start > 0:  # from 0 is a bootstrap: earlier batches may simply be gone
-            st.stats.lost_batches += missing
+            got = sum(1 for s in replayed if start <= s < trigger.seq)
+            st.stats.lost_batches += trigger.seq - start - got
         for seq in sorted(replayed):
             last = st.stats.last_seq
             if seq >= start and (last is None or seq > last):

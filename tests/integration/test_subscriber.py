@@ -1,0 +1,297 @@
+"""KVEventSubscriber against real ZMQ sockets speaking vLLM's PUB + ROUTER protocol.
+
+``Publisher`` below is a small re-implementation of vLLM's ZmqEventPublisher (same
+frames, same replay replies, same end marker) with two knobs a real engine lacks:
+``live=False`` keeps a batch out of the live stream (a lost message) and ``restart()``
+closes and rebinds the sockets with seq starting from 0 again (a new engine process).
+"""
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+
+import msgspec
+import pytest
+import zmq
+import zmq.asyncio
+from prometheus_client import CollectorRegistry
+
+from kvindex.events.recording import RecordingStore
+from kvindex.events.subscriber import KVEventSubscriber
+from kvindex.keyer import BlockKeyer
+from kvindex.memory_store import MemoryStore
+from kvindex.metrics import IndexMetrics
+from kvindex.store import Cleared, Stored
+from kvindex.types import Tier
+
+BS = 4
+KEYER = BlockKeyer("tiny", BS)
+TOKENS = list(range(500, 540))  # 10 blocks
+END = (2**64 - 1).to_bytes(8, "big")
+
+
+def stored(i, medium="GPU"):
+    """BlockStored of block i of TOKENS, engine hash 1000 + i, chained to block i - 1."""
+    return {
+        "type": "BlockStored",
+        "block_hashes": [1000 + i],
+        "parent_block_hash": 1000 + i - 1 if i else None,
+        "token_ids": TOKENS[i * BS : (i + 1) * BS],
+        "block_size": BS,
+        "lora_id": None,
+        "medium": medium,
+        "lora_name": None,
+    }
+
+
+class Publisher:
+    def __init__(self, ctx, port=0, replay_port=0, old_replay_shape=False, topic=b"kv"):
+        self.ctx, self.topic, self.old = ctx, topic, old_replay_shape
+        self.buffer: deque[tuple[int, bytes]] = deque(maxlen=10_000)
+        self.seq = 0
+        self.answer_replays = True
+        self._bind(port, replay_port)
+
+    def _bind(self, port, replay_port):
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.router = self.ctx.socket(zmq.ROUTER)
+        for sock in (self.pub, self.router):
+            sock.setsockopt(zmq.LINGER, 0)
+        if port:
+            self.pub.bind(f"tcp://127.0.0.1:{port}")
+            self.router.bind(f"tcp://127.0.0.1:{replay_port}")  # a failure leaves no task
+            self.port, self.replay_port = port, replay_port
+        else:
+            self.port = self.pub.bind_to_random_port("tcp://127.0.0.1")
+            self.replay_port = self.router.bind_to_random_port("tcp://127.0.0.1")
+        self.task = asyncio.create_task(self._serve_replay())
+
+    @property
+    def endpoint(self):
+        return f"tcp://127.0.0.1:{self.port}"
+
+    @property
+    def replay_endpoint(self):
+        return f"tcp://127.0.0.1:{self.replay_port}"
+
+    async def publish(self, *events, live=True):
+        payload = msgspec.msgpack.encode([time.time(), list(events), 0])
+        seq, self.seq = self.seq, self.seq + 1
+        self.buffer.append((seq, payload))
+        if live:
+            await self.pub.send_multipart([self.topic, seq.to_bytes(8, "big"), payload])
+        return seq
+
+    async def _serve_replay(self):
+        while True:
+            client, _, start = await self.router.recv_multipart()
+            if not self.answer_replays:
+                continue
+            start_seq = int.from_bytes(start, "big")
+            head = [client, b""] if self.old else [client, b"", self.topic]
+            for seq, buf in list(self.buffer):
+                if seq >= start_seq:
+                    await self.router.send_multipart([*head, seq.to_bytes(8, "big"), buf])
+            await self.router.send_multipart([*head[:2], b"", END, b""])
+
+    async def close(self):
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+        self.pub.close(0)
+        self.router.close(0)
+
+    async def restart(self):
+        """A new engine process on the same ports: empty buffer, seq from 0."""
+        await self.close()
+        self.buffer.clear()
+        self.seq = 0
+        for _ in range(100):  # the old sockets release their ports asynchronously
+            try:
+                self._bind(self.port, self.replay_port)
+                return
+            except zmq.ZMQError:
+                self.pub.close(0)
+                self.router.close(0)
+                await asyncio.sleep(0.02)
+        raise AssertionError("could not rebind the publisher's ports")
+
+
+async def wait_until(cond, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def ctx():
+    context = zmq.asyncio.Context()
+    yield context
+    context.destroy(linger=0)
+
+
+async def connected_subscriber(pub, store, registry=None, **kw):
+    metrics = IndexMetrics(registry or CollectorRegistry())
+    sub = KVEventSubscriber(
+        "pod-a",
+        pub.endpoint,
+        pub.replay_endpoint,
+        KEYER,
+        store,
+        metrics,
+        topic="kv",
+        replay_timeout_s=0.5,
+        context=pub.ctx,
+        **kw,
+    )
+    await sub.start()
+    await wait_until(lambda: all(r["connected"] for r in sub.stats.values()))
+    await asyncio.sleep(0.2)  # let the subscription reach the PUB socket
+    return sub
+
+
+def stored_keys(store):
+    return [k for op in store.ops() if isinstance(op, Stored) for k in op.keys]
+
+
+async def test_live_batches_are_applied_in_order(ctx):
+    pub, store = Publisher(ctx), RecordingStore()
+    sub = await connected_subscriber(pub, store, bootstrap_replay=False)
+    for i in range(3):
+        await pub.publish(stored(i))
+    await wait_until(lambda: sub.stats[0]["last_seq"] == 2)
+    assert store.ops() == [Stored(Tier.L0, [k]) for k in KEYER.keys(TOKENS[:12])]
+    await sub.stop()
+    await pub.close()
+
+
+@pytest.mark.parametrize("old_replay_shape", [False, True], ids=["vllm>=0.26", "vllm<0.26"])
+async def test_a_gap_is_filled_by_replay_and_duplicates_are_dropped(ctx, old_replay_shape):
+    pub, store, registry = (
+        Publisher(ctx, old_replay_shape=old_replay_shape),
+        RecordingStore(),
+        CollectorRegistry(),
+    )
+    sub = await connected_subscriber(pub, store, registry)
+    await pub.publish(stored(0))
+    await wait_until(lambda: sub.stats[0]["last_seq"] == 0)
+    await pub.publish(stored(1), live=False)  # lost on the wire
+    await pub.publish(stored(2), live=False)
+    await pub.publish(stored(3))  # gap detected here; the replay returns 1, 2, 3
+    await pub.publish(stored(4))
+    await wait_until(lambda: sub.stats[0]["last_seq"] == 4)
+    assert stored_keys(store) == KEYER.keys(TOKENS[:20])
+    stats = sub.stats[0]
+    assert (stats["gaps"], stats["replays"], stats["lost_batches"]) == (1, 1, 0)
+    assert registry.get_sample_value("kvgate_kv_event_seq_gaps_total", {"pod": "pod-a"}) == 1
+    assert registry.get_sample_value("kvgate_kv_event_replays_total", {"pod": "pod-a"}) == 1
+    await sub.stop()
+    await pub.close()
+
+
+async def test_a_replay_that_never_answers_is_bounded_and_the_loss_counted(ctx):
+    pub, store = Publisher(ctx), RecordingStore()
+    pub.answer_replays = False
+    sub = await connected_subscriber(pub, store, bootstrap_replay=False)
+    await pub.publish(stored(0))
+    await pub.publish(stored(1), live=False)
+    started = time.monotonic()
+    await pub.publish(stored(2))  # its parent (block 1) was lost: its hash is unknown
+    await wait_until(lambda: sub.stats[0]["last_seq"] == 2)
+    assert time.monotonic() - started < 2.0
+    assert stored_keys(store) == KEYER.keys(TOKENS[:4])
+    assert (sub.stats[0]["replay_timeouts"], sub.stats[0]["lost_batches"]) == (1, 1)
+    await sub.stop()
+    await pub.close()
+
+
+async def test_joining_mid_stream_replays_the_pods_history_from_zero(ctx):
+    pub, store = Publisher(ctx), RecordingStore()
+    for i in range(3):
+        await pub.publish(stored(i))  # nobody listening yet
+    sub = await connected_subscriber(pub, store)
+    await pub.publish(stored(3))
+    await wait_until(lambda: sub.stats[0]["last_seq"] == 3)
+    assert stored_keys(store) == KEYER.keys(TOKENS[:16])
+    assert sub.stats[0]["gaps"] == 0
+    await sub.stop()
+    await pub.close()
+
+
+async def test_engine_restart_clears_the_pod_and_relearns_from_the_new_process(ctx):
+    pub, store, registry = Publisher(ctx), RecordingStore(), CollectorRegistry()
+    sub = await connected_subscriber(pub, store, registry)
+    for i in range(3):
+        await pub.publish(stored(i))
+    await wait_until(lambda: sub.stats[0]["last_seq"] == 2)
+    await pub.restart()
+    await wait_until(lambda: sub.stats[0]["connected"])
+    await asyncio.sleep(0.2)
+    await pub.publish(stored(0))  # seq 0 again
+    await wait_until(lambda: sub.stats[0]["restarts"] == 1 and sub.stats[0]["last_seq"] == 0)
+    keys = KEYER.keys(TOKENS[:12])
+    assert store.ops() == [
+        *(Stored(Tier.L0, [k]) for k in keys),
+        Cleared((Tier.L0, Tier.L1)),
+        Stored(Tier.L0, [keys[0]]),
+    ]
+    assert registry.get_sample_value("kvgate_kv_engine_restarts_total", {"pod": "pod-a"}) == 1
+    await sub.stop()
+    await pub.close()
+
+
+async def test_seq_going_backwards_without_a_reconnect_is_a_restart(ctx):
+    pub, store = Publisher(ctx), RecordingStore()
+    sub = await connected_subscriber(pub, store)
+    for i in range(3):
+        await pub.publish(stored(i))
+    await wait_until(lambda: sub.stats[0]["last_seq"] == 2)
+    pub.seq = 1  # same sockets, counter reset
+    pub.buffer.clear()
+    await pub.publish(stored(0))
+    await wait_until(lambda: sub.stats[0]["restarts"] == 1)
+    assert isinstance(store.ops()[3], Cleared)
+    await sub.stop()
+    await pub.close()
+
+
+async def test_each_dp_rank_listens_on_port_plus_rank(ctx):
+    for _ in range(20):  # find two consecutive free port pairs
+        pub0 = Publisher(ctx)
+        try:
+            pub1 = Publisher(ctx, pub0.port + 1, pub0.replay_port + 1)
+            break
+        except zmq.ZMQError:
+            await pub0.close()
+    else:
+        pytest.skip("no consecutive free ports")
+    store = MemoryStore(10_000)
+    sub = await connected_subscriber(pub0, store, dp_size=2)
+    assert sub.stats[1]["endpoint"] == f"tcp://127.0.0.1:{pub0.port + 1}"
+    await pub0.publish(stored(0))
+    await pub1.publish(stored(0), stored(1))
+    await wait_until(lambda: sub.stats[0]["last_seq"] == 0 and sub.stats[1]["last_seq"] == 0)
+    match = await store.match(KEYER.keys(TOKENS[:8]), BS)
+    assert match.for_pod("pod-a").l0 == 2
+    await sub.stop()
+    await pub0.close()
+    await pub1.close()
+
+
+async def test_malformed_frames_are_counted_and_the_stream_goes_on(ctx):
+    pub, store, registry = Publisher(ctx), RecordingStore(), CollectorRegistry()
+    sub = await connected_subscriber(pub, store, registry, bootstrap_replay=False)
+    await pub.pub.send_multipart([b"kv", b"\x00", b"junk"])  # bad seq frame
+    await pub.publish(stored(0))
+    pub.buffer.append((1, b"\xc1"))
+    await pub.pub.send_multipart([b"kv", (1).to_bytes(8, "big"), b"\xc1"])  # bad payload
+    pub.seq = 2
+    await pub.publish(stored(1))
+    await wait_until(lambda: sub.stats[0]["last_seq"] == 2)
+    assert stored_keys(store) == KEYER.keys(TOKENS[:8])
+    assert registry.get_sample_value("kvgate_kv_event_decode_errors_total", {"pod": "pod-a"}) == 2
+    await sub.stop()
+    await pub.close()

@@ -1,0 +1,203 @@
+"""Engine events → router-key ops: keys learnt from events equal BlockKeyer keys."""
+
+import logging
+
+import msgspec
+from prometheus_client import CollectorRegistry
+
+from kvindex.events.engine_map import EngineKeyMap
+from kvindex.events.ingest import PodIngestor
+from kvindex.events.recording import RecordingStore
+from kvindex.keyer import BlockKeyer
+from kvindex.metrics import IndexMetrics
+from kvindex.store import Cleared, Removed, Stored
+from kvindex.types import Tier
+
+BS = 4
+TOKENS = list(range(100, 124))  # 6 blocks of 4
+KEYER = BlockKeyer("tiny", BS)
+
+
+def stored(hashes, parent, tokens, medium="GPU", block_size=BS, **extra):
+    event = {
+        "type": "BlockStored",
+        "block_hashes": hashes,
+        "parent_block_hash": parent,
+        "token_ids": tokens,
+        "block_size": block_size,
+        "lora_id": None,
+        "medium": medium,
+        "lora_name": None,
+    }
+    event.update(extra)
+    return event
+
+
+def removed(hashes, medium="GPU", **extra):
+    return {"type": "BlockRemoved", "block_hashes": hashes, "medium": medium, **extra}
+
+
+def payload(*events):
+    return msgspec.msgpack.encode([0.0, list(events), 0])
+
+
+def setup(pod="p"):
+    registry = CollectorRegistry()
+    store = RecordingStore()
+    return PodIngestor(pod, KEYER, store, IndexMetrics(registry)), store, registry
+
+
+def sample(registry, name, **labels):
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+async def test_keys_learnt_from_chained_events_equal_blockkeyer_keys():
+    ing, store, _ = setup()
+    await ing.apply_payload(payload(stored([11, 12], None, TOKENS[:8])))
+    await ing.apply_payload(payload(stored([13, 14, 15, 16], 12, TOKENS[8:])))
+    keys = KEYER.keys(TOKENS)
+    assert store.ops() == [Stored(Tier.L0, keys[:2]), Stored(Tier.L0, keys[2:])]
+
+
+async def test_each_batch_becomes_one_apply_call_with_merged_ops():
+    ing, store, _ = setup()
+    await ing.apply_payload(payload(stored([11], None, TOKENS[:4]), stored([12], 11, TOKENS[4:8])))
+    assert list(store.calls) == [("p", [Stored(Tier.L0, KEYER.keys(TOKENS[:8]))])]
+
+
+async def test_cache_salt_in_first_block_extra_keys_seeds_the_root():
+    ing, store, _ = setup()
+    extra = [["s3cret"], None]
+    await ing.apply_payload(payload(stored([1, 2], None, TOKENS[:8], extra_keys=extra)))
+    assert store.ops() == [Stored(Tier.L0, KEYER.keys_for(TOKENS[:8], None, "s3cret"))]
+
+
+async def test_lora_name_seeds_the_root_and_is_not_mistaken_for_the_salt():
+    ing, store, _ = setup()
+    lora_only = stored([1], None, TOKENS[:4], lora_name="ad", extra_keys=[["ad"]])
+    both = stored([2], None, TOKENS[4:8], lora_name="ad", extra_keys=[["ad", [b"mm", 0], "s"]])
+    await ing.apply_payload(payload(lora_only, both))
+    assert store.ops() == [
+        Stored(
+            Tier.L0, KEYER.keys_for(TOKENS[:4], "ad", None) + KEYER.keys_for(TOKENS[4:8], "ad", "s")
+        )
+    ]
+
+
+async def test_bytes_hashes_map_like_int_hashes():
+    ing, store, _ = setup()
+    h1, h2 = b"\x01" * 32, b"\x02" * 32
+    await ing.apply_payload(payload(stored([h1], None, TOKENS[:4]), stored([h2], h1, TOKENS[4:8])))
+    await ing.apply_payload(payload(removed([h2])))
+    keys = KEYER.keys(TOKENS[:8])
+    assert store.ops() == [Stored(Tier.L0, keys), Removed(Tier.L0, [keys[1]])]
+
+
+async def test_tokenless_offload_events_resolve_through_the_learnt_map():
+    ing, store, _ = setup()
+    await ing.apply_payload(payload(stored([1, 2], None, TOKENS[:8])))
+    await ing.apply_payload(
+        payload(stored([2], None, [], "CPU", block_size=0), removed([1]), removed([2], "CPU"))
+    )
+    k = KEYER.keys(TOKENS[:8])
+    assert store.ops()[1:] == [
+        Stored(Tier.L1, [k[1]]),
+        Removed(Tier.L0, [k[0]]),
+        Removed(Tier.L1, [k[1]]),
+    ]
+
+
+async def test_storage_remote_is_l2_and_storage_local_is_per_pod_l1():
+    ing, store, _ = setup()
+    await ing.apply_payload(payload(stored([1, 2], None, TOKENS[:8])))
+    await ing.apply_payload(
+        payload(
+            stored([1], None, [], "STORAGE", block_size=0, locality="REMOTE"),
+            stored([2], None, [], "STORAGE", block_size=0, locality="LOCAL"),
+        )
+    )
+    k = KEYER.keys(TOKENS[:8])
+    assert store.ops()[1:] == [Stored(Tier.L2, [k[0]]), Stored(Tier.L1, [k[1]])]
+
+
+async def test_all_blocks_cleared_drops_the_pods_l0_and_l1():
+    ing, store, registry = setup()
+    await ing.apply_payload(payload({"type": "AllBlocksCleared"}))
+    assert store.ops() == [Cleared((Tier.L0, Tier.L1))]
+    labels = {"type": "AllBlocksCleared", "medium": "none", "pod": "p"}
+    assert sample(registry, "kvgate_kv_events_applied_total", **labels) == 1
+
+
+async def test_unknown_hashes_are_counted_and_skipped():
+    ing, store, registry = setup()
+    await ing.apply_payload(payload(removed([404, 405]), stored([9], 404, TOKENS[:4])))
+    assert store.ops() == []
+    assert sample(registry, "kvgate_kv_unknown_hashes_total", pod="p") == 3
+
+
+async def test_block_size_mismatch_is_counted_every_time_and_logged_once(caplog):
+    ing, store, registry = setup()
+    caplog.set_level(logging.WARNING)
+    await ing.apply_payload(payload(stored([1], None, TOKENS[:3], block_size=3)))
+    await ing.apply_payload(payload(stored([2], None, TOKENS[:3], block_size=3)))
+    assert store.ops() == []
+    assert sample(registry, "kvgate_kv_block_size_mismatches_total", pod="p") == 2
+    assert sum("block size 3 differs" in r.getMessage() for r in caplog.records) == 1
+
+
+async def test_engine_blocks_a_multiple_of_the_router_block_map_to_several_keys():
+    ing, store, registry = setup()  # LMCache-like: engine blocks of 8 tokens, router blocks of 4
+    await ing.apply_payload(payload(stored([1], None, TOKENS[:8], "cpu", block_size=8)))
+    await ing.apply_payload(payload(stored([2], 1, TOKENS[8:16], "cpu", block_size=8)))
+    await ing.apply_payload(payload(removed([1], "cpu")))
+    k = KEYER.keys(TOKENS[:16])
+    assert store.ops() == [Stored(Tier.L1, k[:2]), Stored(Tier.L1, k[2:]), Removed(Tier.L1, k[:2])]
+    assert sample(registry, "kvgate_kv_block_size_mismatches_total", pod="p") == 2
+
+
+async def test_token_count_not_matching_the_hashes_is_a_decode_error():
+    ing, store, registry = setup()
+    await ing.apply_payload(payload(stored([1, 2], None, TOKENS[:5])))
+    assert store.ops() == []
+    assert sample(registry, "kvgate_kv_event_decode_errors_total", pod="p") == 1
+
+
+async def test_groups_other_than_the_indexed_one_are_ignored():
+    ing, store, _ = setup()
+    await ing.apply_payload(payload(stored([1], None, TOKENS[:4], group_idx=1)))
+    assert store.ops() == []
+    assert ing.translator(0).stats.ignored == 1
+
+
+async def test_engine_restart_clears_the_pod_and_forgets_its_hashes():
+    ing, store, registry = setup()
+    await ing.apply_payload(payload(stored([1], None, TOKENS[:4])))
+    await ing.engine_restarted(0)
+    await ing.apply_payload(payload(removed([1])))
+    assert store.ops() == [Stored(Tier.L0, KEYER.keys(TOKENS[:4])), Cleared((Tier.L0, Tier.L1))]
+    assert sample(registry, "kvgate_kv_engine_restarts_total", pod="p") == 1
+    assert sample(registry, "kvgate_kv_unknown_hashes_total", pod="p") == 1
+
+
+async def test_malformed_payload_is_counted_and_nothing_applied():
+    ing, store, registry = setup()
+    assert await ing.apply_payload(b"\xc1garbage") is False
+    assert list(store.calls) == []
+    assert sample(registry, "kvgate_kv_event_decode_errors_total", pod="p") == 1
+
+
+async def test_lag_histogram_observes_now_minus_batch_ts():
+    registry = CollectorRegistry()
+    ing = PodIngestor("p", KEYER, RecordingStore(), IndexMetrics(registry), clock=lambda: 10.25)
+    await ing.apply_payload(msgspec.msgpack.encode([10.0, [], 0]))
+    assert registry.get_sample_value("kvgate_kv_event_lag_seconds_sum") == 0.25
+    assert registry.get_sample_value("kvgate_kv_event_lag_seconds_count") == 1
+
+
+def test_engine_key_map_evicts_the_least_recently_used_hash():
+    m = EngineKeyMap(capacity=2)
+    m.learn(1, 10)
+    m.learn(2, 20)
+    assert m.get(1) == 10  # 1 is now the most recent
+    m.learn(3, 30)
+    assert (m.get(2), m.get(1), m.get(3), len(m), m.evictions) == (None, 10, 30, 2, 1)
