@@ -10,7 +10,7 @@ It is a thin wrapper over ``OrderedDict`` (C-implemented ``move_to_end`` and
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 K = TypeVar("K")
@@ -20,7 +20,7 @@ V = TypeVar("V")
 class BoundedLRU(Generic[K, V]):
     """Map with a hard size limit; ``evictions`` counts what fell out."""
 
-    __slots__ = ("_data", "capacity", "evictions")
+    __slots__ = ("_data", "capacity", "evictions", "get")
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
@@ -28,6 +28,9 @@ class BoundedLRU(Generic[K, V]):
         self.capacity = capacity
         self.evictions = 0
         self._data: OrderedDict[K, V] = OrderedDict()
+        # Read without changing recency (lookups must not keep dead entries alive).
+        # Bound straight to the C method: it is the hot path of every routing decision.
+        self.get: Callable[[K], V | None] = self._data.get
 
     def __len__(self) -> int:
         return len(self._data)
@@ -37,10 +40,6 @@ class BoundedLRU(Generic[K, V]):
 
     def __iter__(self) -> Iterator[K]:
         return iter(self._data)
-
-    def get(self, key: K) -> V | None:
-        """Read without changing recency (lookups must not keep dead entries alive)."""
-        return self._data.get(key)
 
     def touch(self, key: K) -> None:
         """Mark ``key`` most recently used, if present."""

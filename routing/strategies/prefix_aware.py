@@ -82,7 +82,7 @@ class PrefixAware:
         hashes = req.prefix_hashes
         if not hashes:
             return Decision(pod=least.id, strategy=self.name, reason=Reason.FALLBACK)
-        depths = self._matched_depths(hashes, {p.id for p in pods})
+        depths = self._matched_depths(hashes, pods)
         chosen, reason = least, Reason.LEAST_LOADED
         if depths:
             best = max(depths.values())
@@ -100,7 +100,7 @@ class PrefixAware:
     def observe(self, req: RouteRequest, decision: Decision, outcome: Outcome) -> None:
         return None
 
-    def _matched_depths(self, hashes: Sequence[int], candidates: set[str]) -> dict[str, int]:
+    def _matched_depths(self, hashes: Sequence[int], pods: Sequence[PodView]) -> dict[str, int]:
         """Per candidate pod, how many leading chunks it was sent (0 omitted)."""
         depths: dict[str, int] = {}
         alive: set[str] | None = None
@@ -109,7 +109,9 @@ class PrefixAware:
             holders = get(h)
             if holders is None:
                 break
-            now_alive = (candidates if alive is None else alive).intersection(holders)
+            if alive is None:
+                alive = {p.id for p in pods}
+            now_alive = alive.intersection(holders)
             if not now_alive:
                 break
             alive = now_alive

@@ -50,7 +50,7 @@ class SessionAffinity:
         if capacity < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
         self._homes: BoundedLRU[int, str] | None = BoundedLRU(capacity) if capacity else None
-        self._pod_seeds: BoundedLRU[str, int] = BoundedLRU(_POD_SEEDS_CAPACITY)
+        self._pod_seeds: dict[str, int] = {}  # bounded by _POD_SEEDS_CAPACITY
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold
 
@@ -67,14 +67,17 @@ class SessionAffinity:
     ) -> Decision:
         if not pods:
             raise NoCandidates(req.model)
-        least = min(pods, key=least_loaded_key)
         if not req.session_key:
+            least = min(pods, key=least_loaded_key)
             return Decision(pod=least.id, strategy=self.name, reason=Reason.FALLBACK)
         home = self._home(req.session_key, pods)
-        if home.id != least.id and overloaded(
-            home, least, self.balance_abs_threshold, self.balance_rel_threshold
-        ):
-            return Decision(pod=least.id, strategy=self.name, reason=Reason.LOAD_SPILL)
+        # The home cannot be overloaded while its own in-flight is within the gap.
+        if home.in_flight > self.balance_abs_threshold:
+            least = min(pods, key=least_loaded_key)
+            if home.id != least.id and overloaded(
+                home, least, self.balance_abs_threshold, self.balance_rel_threshold
+            ):
+                return Decision(pod=least.id, strategy=self.name, reason=Reason.LOAD_SPILL)
         return Decision(pod=home.id, strategy=self.name, reason=Reason.SESSION)
 
     def home_of(self, session_key: str, pods: Sequence[PodView]) -> str:
@@ -103,11 +106,20 @@ class SessionAffinity:
     def _rendezvous(self, key: bytes, pods: Sequence[PodView]) -> PodView:
         """Highest-random-weight pod for ``key``; ties (64-bit) broken by id."""
         digest = xxhash.xxh3_64_intdigest
-        return max(pods, key=lambda p: (digest(key, self._seed(p.id)), p.id))
+        seeds = self._pod_seeds
+        best, best_score = pods[0], (-1, "")
+        for pod in pods:
+            seed = seeds.get(pod.id)
+            if seed is None:
+                seed = self._new_seed(pod.id)
+            score = (digest(key, seed), pod.id)
+            if score > best_score:
+                best, best_score = pod, score
+        return best
 
-    def _seed(self, pod_id: str) -> int:
-        seed = self._pod_seeds.get(pod_id)
-        if seed is None:
-            seed = xxhash.xxh3_64_intdigest(pod_id.encode("utf-8", "surrogatepass"))
-            self._pod_seeds.put(pod_id, seed)
+    def _new_seed(self, pod_id: str) -> int:
+        if len(self._pod_seeds) >= _POD_SEEDS_CAPACITY:  # pods churn on restarts
+            self._pod_seeds.clear()
+        seed = xxhash.xxh3_64_intdigest(pod_id.encode("utf-8", "surrogatepass"))
+        self._pod_seeds[pod_id] = seed
         return seed

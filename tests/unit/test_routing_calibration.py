@@ -1,0 +1,105 @@
+"""Calibrator: converges on a linear prefill law, shrugs off outliers, stays bounded."""
+
+import math
+import random
+
+import pytest
+
+from kvindex.types import Tier
+from routing.calibration import Calibrator
+from routing.cost_model import CostModel
+
+TRUE_OVERHEAD_S = 0.05
+TRUE_S_PER_TOKEN = 0.0004  # 2,500 tokens/s; the default model says 3,653
+
+
+def _observe(cal: Calibrator, rng: random.Random, n: int, noise: float = 0.02) -> None:
+    """Requests of random length with random L2 hits and queueing, from the true law."""
+    base = cal.base
+    for _ in range(n):
+        prompt = rng.randint(64, 4096)
+        l2 = rng.choice([0, 0, prompt // 2])
+        queue = rng.uniform(0.0, 0.3)
+        prefill = TRUE_OVERHEAD_S + (prompt - l2) * TRUE_S_PER_TOKEN
+        ttft = queue + base.load_s(Tier.L2, l2) + prefill * (1 + rng.uniform(-noise, noise))
+        cal.update(ttft, prompt, l2, queue_s=queue, l2_tokens=l2)
+
+
+def test_a_stream_from_a_known_linear_model_converges():
+    cal = Calibrator(CostModel())
+    _observe(cal, random.Random(7), 400)
+    fitted = cal.current()
+    assert fitted.prefill_s_per_token == pytest.approx(TRUE_S_PER_TOKEN, rel=0.03)
+    assert fitted.prefill_overhead_s == pytest.approx(TRUE_OVERHEAD_S, abs=0.01)
+    # Only prefill is calibrated; tier costs stay as configured.
+    assert fitted.l2 == CostModel().l2
+
+
+def test_a_single_100x_outlier_moves_the_estimates_less_than_one_percent():
+    cal = Calibrator(CostModel(), refit_every=1)
+    _observe(cal, random.Random(3), 128, noise=0.0)
+    before = cal.current()
+    assert cal.update(100 * (TRUE_OVERHEAD_S + 2000 * TRUE_S_PER_TOKEN), 2000, 0)
+    after = cal.current()
+    slope_change = abs(after.prefill_s_per_token / before.prefill_s_per_token - 1)
+    assert slope_change < 0.01
+    assert abs(after.prefill_overhead_s - before.prefill_overhead_s) < 0.01 * TRUE_OVERHEAD_S
+
+
+def test_the_base_model_holds_until_min_samples():
+    cal = Calibrator(CostModel(), min_samples=16, refit_every=1)
+    _observe(cal, random.Random(1), 15)
+    assert cal.current() == CostModel()
+    _observe(cal, random.Random(2), 1)
+    assert cal.current() != CostModel()
+
+
+def test_memory_is_bounded_by_the_window():
+    cal = Calibrator(CostModel(), window=32)
+    _observe(cal, random.Random(5), 1000)
+    assert cal.samples == 32
+    assert cal.accepted == 1000
+
+
+@pytest.mark.parametrize(
+    "ttft, prompt, cached",
+    [
+        (None, 100, 0),
+        (math.nan, 100, 0),
+        (math.inf, 100, 0),
+        (-1.0, 100, 0),
+        (0.2, 0, 0),
+        (0.2, None, 0),
+        (0.2, 100, 101),
+        (0.2, 100, -1),
+    ],
+)
+def test_bad_observations_are_counted_and_skipped(ttft, prompt, cached):
+    cal = Calibrator(CostModel())
+    assert cal.update(ttft, prompt, cached) is False
+    assert (cal.rejected, cal.accepted, cal.samples) == (1, 0, 0)
+
+
+def test_equal_prompt_lengths_keep_the_slope_and_fit_the_overhead():
+    cal = Calibrator(CostModel.from_dict({"prefill_tokens_per_s": 1000.0}), refit_every=1)
+    for _ in range(20):
+        cal.update(0.3 + 1.0, 1000, 0)  # 1000 tokens at 1 ms each + 300 ms overhead
+    assert cal.current().prefill_tokens_per_s == 1000.0
+    assert cal.current().prefill_overhead_s == pytest.approx(0.3)
+
+
+def test_estimates_are_clamped_to_max_change_of_the_base():
+    base = CostModel.from_dict({"prefill_tokens_per_s": 1000.0})
+    cal = Calibrator(base, refit_every=1, max_change=2.0)
+    for prompt in range(100, 2100, 100):
+        cal.update(prompt * 0.1, prompt, 0)  # 100x slower than the base
+    assert cal.current().prefill_tokens_per_s == pytest.approx(500.0)  # clamped at 2x
+
+
+def test_cached_tokens_missing_trusts_the_predicted_split():
+    base = CostModel.from_dict({"prefill_tokens_per_s": 1000.0, "prefill_overhead_s": 0.0})
+    cal = Calibrator(base, refit_every=1, min_samples=2)
+    for prompt in (1000, 2000, 3000):
+        # 400 tokens predicted in L0: only prompt - 400 were prefilled, at 2 ms/token.
+        cal.update((prompt - 400) * 0.002, prompt, None, l0_tokens=400)
+    assert cal.current().prefill_s_per_token == pytest.approx(0.002)

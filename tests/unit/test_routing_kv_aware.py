@@ -1,0 +1,195 @@
+"""KV-aware: minimum predicted TTFT from the index's tiers, the cost model and load."""
+
+from collections import Counter
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvindex.types import PodPrefix, PrefixMatch
+from routing.load import LoadTracker
+from routing.registry import build_strategy
+from routing.strategies.kv_aware import KvAware
+from routing.types import Decision, Outcome, PodView, Reason, RouteRequest
+
+# Round numbers so each expectation can be checked by hand:
+# prefill 1 ms/token, no overhead; L1 0.01 ms/token + 1 ms; L2 0.1 ms/token + 50 ms.
+SIMPLE = {
+    "kv_bytes_per_token": 1000,
+    "prefill_tokens_per_s": 1000.0,
+    "prefill_overhead_s": 0.0,
+    "l1": {"bandwidth_bytes_per_s": 1e8, "latency_s": 0.001, "min_speedup": 1.0},
+    "l2": {"bandwidth_bytes_per_s": 1e7, "latency_s": 0.05, "min_speedup": 1.0},
+    "decode_s_per_running": 0.0,
+}
+BS = 16
+
+
+def _simple(**options):
+    return KvAware(cost_model=SIMPLE, calibrate=False, **options)
+
+
+def _match(prompt_tokens, l2=0, **pods):
+    return PrefixMatch(total_blocks=prompt_tokens // BS, block_size=BS, pods=dict(pods), l2=l2)
+
+
+def _req(prompt_tokens, model="m"):
+    return RouteRequest(model=model, prompt_tokens=prompt_tokens)
+
+
+def test_registry_accepts_hyperpod_and_short_names():
+    for name in ("kv-aware", "kvaware", "kv", "precise", "KV_AWARE"):
+        assert isinstance(build_strategy(name, {"cost_model": SIMPLE}), KvAware)
+
+
+def test_a_long_l2_only_match_loses_to_a_short_l0_match_plus_load_when_cheaper():
+    # 1,601 tokens; L2 holds 100 blocks (1,600 tokens) for everybody; "warm" holds 25 in L0.
+    match = _match(1601, l2=100, warm=PodPrefix(l0=25, l0_l1=25))
+    # cold: 50 + 160 (1,600 L2 tokens) + 1 (last token)             = 211 ms
+    # warm: 30 queued + 50 + 120 (1,200 L2 tokens) + 1              = 201 ms
+    pods = [PodView("cold"), PodView("warm", in_flight=1, in_flight_prefill_tokens=30)]
+    d = _simple().choose(_req(1601), pods, match, 0.0)
+    assert (d.pod, d.reason) == ("warm", Reason.CACHE_HIT)
+    assert (d.predicted_l0_tokens, d.predicted_l1_tokens, d.predicted_l2_tokens) == (400, 0, 1200)
+    assert d.predicted_ttft_s == pytest.approx(0.201)
+    assert d.scores == pytest.approx({"cold": 0.211, "warm": 0.201})
+    # With 50 tokens queued the warm pod predicts 221 ms: the L2-only pod wins. Its
+    # prefix (1,600 from L2) is as long as warm's, so this is a hit, not a spill.
+    pods = [PodView("cold"), PodView("warm", in_flight=1, in_flight_prefill_tokens=50)]
+    d = _simple().choose(_req(1601), pods, match, 0.0)
+    assert (d.pod, d.reason, d.predicted_l2_tokens) == ("cold", Reason.CACHE_HIT, 1600)
+
+
+def test_a_full_l0_hit_behind_a_long_queue_loses_to_an_idle_pod():
+    match = _match(1601, hot=PodPrefix(l0=100, l0_l1=100))
+    idle = PodView("idle")
+    # hot: 2,000 queued + 1 = 2,001 ms; idle: 1,601 ms of prefill.
+    d = _simple().choose(_req(1601), [PodView("hot", 3, 2000), idle], match, 0.0)
+    assert (d.pod, d.reason, d.predicted_cached_tokens) == ("idle", Reason.LOAD_SPILL, 0)
+    assert d.scores == pytest.approx({"hot": 2.001, "idle": 1.601})
+    # 1,000 queued: hot predicts 1,001 ms and keeps the request.
+    d = _simple().choose(_req(1601), [PodView("hot", 3, 1000), idle], match, 0.0)
+    assert (d.pod, d.reason, d.predicted_l0_tokens) == ("hot", Reason.CACHE_HIT, 1600)
+
+
+def test_a_short_prompt_held_only_in_l2_does_not_pull_traffic_to_a_busy_pod():
+    kv = KvAware(calibrate=False)  # the original deployment's model: L2 pays from ~1.16k
+    busy = PodView("busy", in_flight=2, in_flight_prefill_tokens=300)
+    idle = PodView("idle")
+    d = kv.choose(_req(900), [busy, idle], _match(900, l2=56), 0.0)
+    assert (d.pod, d.reason, d.predicted_l2_tokens) == ("idle", Reason.LEAST_LOADED, 0)
+    # The same shape at 2,500 tokens does count the L2 load (for every pod alike).
+    d = kv.choose(_req(2500), [busy, idle], _match(2500, l2=156), 0.0)
+    assert (d.pod, d.reason, d.predicted_l2_tokens) == ("idle", Reason.CACHE_HIT, 2496)
+
+
+def test_a_short_l0_lead_over_l2_does_not_beat_an_idle_pod_under_1k_tokens():
+    # busy holds 2 blocks in L0; the rest sits in L2, too short to be worth loading.
+    kv = KvAware(calibrate=False)
+    match = _match(900, l2=56, busy=PodPrefix(l0=2, l0_l1=2))
+    busy = PodView("busy", in_flight=1, in_flight_prefill_tokens=200)
+    d = kv.choose(_req(900), [busy, PodView("idle")], match, 0.0)
+    assert (d.pod, d.reason) == ("idle", Reason.LOAD_SPILL)
+
+
+def test_cached_tokens_are_capped_like_vllm_which_recomputes_the_last_token():
+    match = _match(32, p=PodPrefix(l0=2, l0_l1=2))  # the whole 2-block prompt in L0
+    d = _simple().choose(_req(32), [PodView("p")], match, 0.0)
+    assert (d.predicted_l0_tokens, d.predicted_ttft_s) == (16, pytest.approx(0.016))
+    assert d.speculate_blocks == 2
+
+
+def test_l1_tokens_count_between_l0_and_l2():
+    match = _match(3201, l2=200, p=PodPrefix(l0=50, l0_l1=150))
+    d = _simple().choose(_req(3201), [PodView("p")], match, 0.0)
+    assert (d.predicted_l0_tokens, d.predicted_l1_tokens, d.predicted_l2_tokens) == (
+        800,
+        1600,
+        800,
+    )
+    # 1 ms + 16 ms (L1) + 50 + 80 ms (L2) + 1 ms (last token)
+    assert d.predicted_ttft_s == pytest.approx(0.148)
+
+
+def test_no_match_falls_back_to_the_least_queue():
+    pods = [PodView("a", in_flight=1, in_flight_prefill_tokens=100), PodView("b")]
+    d = _simple().choose(_req(500), pods, None, 0.0)
+    assert (d.pod, d.reason, d.predicted_cached_tokens, d.speculate_blocks) == (
+        "b",
+        Reason.FALLBACK,
+        0,
+        0,
+    )
+    assert d.predicted_ttft_s == pytest.approx(0.5)
+
+
+def test_prompt_length_defaults_to_the_matched_blocks():
+    d = _simple().choose(_req(0), [PodView("a")], _match(320), 0.0)
+    assert d.predicted_ttft_s == pytest.approx(0.320)
+
+
+TIE_PODS = [
+    PodView("d", in_flight=1),
+    PodView("b", in_flight=1),
+    PodView("a", in_flight=2),
+    PodView("c", in_flight=1),
+]
+
+
+@given(st.permutations(TIE_PODS))
+def test_ties_go_to_the_less_loaded_pod_then_the_smaller_id_in_any_order(pods):
+    # Equal predicted TTFT everywhere (no decode share, no prefill queued).
+    d = _simple().choose(_req(800), pods, _match(800), 0.0)
+    assert d.pod == "b"
+
+
+@given(st.permutations([PodView(p) for p in "edcba"]))
+def test_ties_among_identical_pods_go_to_the_smallest_id(pods):
+    assert _simple().choose(_req(800), pods, _match(800), 0.0).pod == "a"
+
+
+def test_a_burst_of_identical_requests_spreads_when_load_is_counted_at_dispatch():
+    kv = KvAware(calibrate=False)  # default model
+    tracker = LoadTracker()
+    held: dict[str, PodPrefix] = {}
+    placed = []
+    for _ in range(32):  # none of them finishes
+        pods = [PodView(p, tracker.get(p).in_flight, tracker.get(p).prefill_tokens) for p in "abcd"]
+        d = kv.choose(_req(2000), pods, _match(2000, **held), 0.0)
+        tracker.start(d.pod, 2000 - d.predicted_cached_tokens)
+        held[d.pod] = PodPrefix(l0=d.speculate_blocks, l0_l1=d.speculate_blocks)  # speculation
+        placed.append(d.pod)
+    assert placed[:4] == ["a", "b", "c", "d"]
+    assert Counter(placed) == {"a": 8, "b": 8, "c": 8, "d": 8}
+
+
+def test_observe_calibrates_the_requests_model_only():
+    kv = KvAware(cost_model=SIMPLE, calibration={"min_samples": 4, "refit_every": 1})
+    for prompt in (1000, 2000, 3000, 4000):
+        req = _req(prompt, model="slow")
+        d = kv.choose(req, [PodView("a")], _match(prompt), 0.0)
+        kv.observe(req, d, Outcome(ok=True, ttft_s=prompt * 0.002, prompt_tokens=prompt))
+    assert kv.cost_model("slow").prefill_tokens_per_s == pytest.approx(500.0)
+    assert kv.cost_model("other").prefill_tokens_per_s == 1000.0
+
+
+def test_failed_requests_do_not_calibrate():
+    kv = KvAware(cost_model=SIMPLE, calibration={"min_samples": 2, "refit_every": 1})
+    d = Decision(pod="a", strategy="kv-aware", reason=Reason.FALLBACK)
+    for prompt in (1000, 2000, 3000):
+        kv.observe(_req(prompt), d, Outcome(ok=False, ttft_s=9.0, prompt_tokens=prompt))
+    assert kv.calibrator("m").samples == 0
+
+
+def test_per_model_cost_models_overlay_the_default():
+    kv = KvAware(cost_model=SIMPLE, models={"big": {"prefill_tokens_per_s": 100.0}})
+    assert kv.cost_model("big").prefill_tokens_per_s == 100.0
+    assert kv.cost_model("big").kv_bytes_per_token == 1000
+    assert kv.cost_model("small").prefill_tokens_per_s == 1000.0
+
+
+def test_bad_options_fail_at_construction():
+    with pytest.raises(ValueError):
+        KvAware(cost_model={"no_such_knob": 1})
+    with pytest.raises(TypeError):
+        KvAware(calibration={"windw": 3})
