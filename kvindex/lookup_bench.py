@@ -1,0 +1,202 @@
+"""Index micro-benchmark: event ingestion rate and lookup latency per prompt size.
+
+``kvgate bench index`` calls ``run_index_bench`` once per backend and prints the
+rows with ``print_index_bench``. Also runnable alone::
+
+    python -m kvindex.lookup_bench [--redis-url redis://127.0.0.1:6379/0]
+
+What is measured, per prompt size (tokens / block_size = blocks per prompt):
+
+* ingestion: ``Stored(L0)`` events for fresh prompts, shaped like vLLM's — one
+  ``BlockStored`` per prefill chunk of ``op_blocks`` blocks, a batch per pod of
+  up to ``batch_blocks`` blocks — applied back to back; reported in blocks/s;
+* lookup: ``match`` on prompts held by several pods in every tier (one pod in
+  L0, one half in L0 and all in L1, one in L1, the whole prompt in L2): the
+  walk covers every key, the worst case for a lookup. p50/p99/mean in µs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import inspect
+import random
+import statistics
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from kvindex.store import IndexStore, Stored
+from kvindex.types import Tier
+
+StoreFactory = Callable[[], IndexStore | Awaitable[IndexStore]]
+
+
+@dataclass(frozen=True, slots=True)
+class IndexBenchRow:
+    backend: str
+    prompt_tokens: int
+    blocks: int  # keys per lookup
+    ingest_blocks_per_s: float
+    lookups: int
+    lookup_p50_us: float
+    lookup_p99_us: float
+    lookup_mean_us: float
+
+
+def _prompt(rng: random.Random, blocks: int) -> list[int]:
+    return [rng.getrandbits(64) for _ in range(blocks)]
+
+
+def _batches(keys: list[int], op_blocks: int, batch_blocks: int) -> list[list[Stored]]:
+    """Split one prompt's stored blocks into event batches of BlockStored-like ops."""
+    ops = [Stored(Tier.L0, keys[i : i + op_blocks]) for i in range(0, len(keys), op_blocks)]
+    per_batch = max(1, batch_blocks // op_blocks)
+    return [ops[i : i + per_batch] for i in range(0, len(ops), per_batch)]
+
+
+async def _ingest(
+    store: IndexStore,
+    rng: random.Random,
+    blocks: int,
+    total: int,
+    pods: int,
+    shape: tuple[int, int],
+) -> float:
+    """Blocks/s applying ``total`` blocks of fresh prompts (prompts built beforehand)."""
+    work: list[tuple[str, list[Stored]]] = []
+    n = 0
+    while n < total:
+        pod = f"pod-{len(work) % pods}"
+        for batch in _batches(_prompt(rng, blocks), *shape):
+            work.append((pod, batch))
+        n += blocks
+    gc.collect()
+    start = time.perf_counter()
+    for pod, batch in work:
+        await store.apply(pod, batch)
+    return n / (time.perf_counter() - start)
+
+
+async def _populate(store: IndexStore, prompts: Sequence[list[int]]) -> None:
+    for keys in prompts:
+        half = keys[: len(keys) // 2]
+        await store.apply("pod-0", [Stored(Tier.L0, keys)])
+        await store.apply("pod-1", [Stored(Tier.L0, half), Stored(Tier.L1, keys)])
+        await store.apply("pod-2", [Stored(Tier.L1, keys)])
+        await store.apply("pod-3", [Stored(Tier.L2, keys)])
+
+
+async def _lookups(
+    store: IndexStore, prompts: Sequence[list[int]], n: int, block_size: int
+) -> list[float]:
+    for keys in prompts:  # warm up (script load, connection pool)
+        await store.match(keys, block_size)
+    gc.collect()
+    samples = []
+    for i in range(n):
+        keys = prompts[i % len(prompts)]
+        start = time.perf_counter()
+        m = await store.match(keys, block_size)
+        samples.append(time.perf_counter() - start)
+        if m.l2 != len(keys):
+            raise RuntimeError(f"index lost blocks during the benchmark: l2={m.l2}")
+    return samples
+
+
+async def run_index_bench(
+    store_factory: StoreFactory,
+    prompt_tokens: Sequence[int] = (2048, 8192, 32768),
+    block_size: int = 16,
+    n_lookups: int = 300,
+    n_ingest_blocks: int = 50_000,
+    *,
+    n_prompts: int = 8,
+    pods: int = 8,
+    op_blocks: int = 128,
+    batch_blocks: int = 512,
+    seed: int = 0,
+) -> list[IndexBenchRow]:
+    """One row per prompt size; the store comes from ``store_factory`` and is closed."""
+    made = store_factory()
+    store: IndexStore = await made if inspect.isawaitable(made) else made
+    rng = random.Random(seed)
+    rows = []
+    try:
+        for tokens in prompt_tokens:
+            blocks = tokens // block_size
+            rate = await _ingest(
+                store, rng, blocks, n_ingest_blocks, pods, (op_blocks, batch_blocks)
+            )
+            prompts = [_prompt(rng, blocks) for _ in range(n_prompts)]
+            await _populate(store, prompts)
+            samples = await _lookups(store, prompts, n_lookups, block_size)
+            rows.append(_row(str(getattr(store, "backend", "?")), tokens, blocks, rate, samples))
+    finally:
+        await store.close()
+    return rows
+
+
+def _row(backend: str, tokens: int, blocks: int, rate: float, s: list[float]) -> IndexBenchRow:
+    ordered = sorted(s)
+    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    return IndexBenchRow(
+        backend=backend,
+        prompt_tokens=tokens,
+        blocks=blocks,
+        ingest_blocks_per_s=rate,
+        lookups=len(s),
+        lookup_p50_us=statistics.median(s) * 1e6,
+        lookup_p99_us=p99 * 1e6,
+        lookup_mean_us=statistics.fmean(s) * 1e6,
+    )
+
+
+def print_index_bench(rows: Sequence[IndexBenchRow], console: Console | None = None) -> None:
+    table = Table(title="kvgate index benchmark (lookup = full-prompt hit, worst case)")
+    for col in ("backend", "prompt tokens", "blocks", "ingest blocks/s"):
+        table.add_column(col, justify="right")
+    for col in ("lookups", "p50 µs", "p99 µs", "mean µs"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(
+            r.backend,
+            f"{r.prompt_tokens:,}",
+            f"{r.blocks:,}",
+            f"{r.ingest_blocks_per_s:,.0f}",
+            f"{r.lookups:,}",
+            f"{r.lookup_p50_us:,.0f}",
+            f"{r.lookup_p99_us:,.0f}",
+            f"{r.lookup_mean_us:,.0f}",
+        )
+    (console or Console()).print(table)
+
+
+async def _main(args: Any) -> None:
+    from kvindex.memory_store import MemoryStore
+    from kvindex.redis_store import RedisStore
+
+    factories: list[StoreFactory] = [lambda: MemoryStore(capacity_keys=2_000_000)]
+    if args.redis_url:
+        ns = f"bench-{uuid.uuid4().hex[:8]}"
+        factories.append(lambda: RedisStore(args.redis_url, namespace=ns, key_ttl_s=600))
+    rows = []
+    for factory in factories:
+        rows += await run_index_bench(
+            factory, n_lookups=args.lookups, n_ingest_blocks=args.ingest_blocks
+        )
+    print_index_bench(rows)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--redis-url", help="also benchmark RedisStore against this Redis")
+    parser.add_argument("--lookups", type=int, default=300)
+    parser.add_argument("--ingest-blocks", type=int, default=50_000)
+    asyncio.run(_main(parser.parse_args()))

@@ -1,0 +1,47 @@
+"""The index benchmark runs end to end on both backends and reports one row per size."""
+
+from __future__ import annotations
+
+import io
+import uuid
+
+import pytest
+from rich.console import Console
+
+from kvindex.lookup_bench import IndexBenchRow, print_index_bench, run_index_bench
+from kvindex.memory_store import MemoryStore
+from kvindex.redis_store import RedisStore
+from kvindex.store import IndexStore
+from tests.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
+
+
+@pytest.fixture(params=["memory", "redis"])
+def factory(request: pytest.FixtureRequest):
+    if request.param == "memory":
+        return lambda: MemoryStore(capacity_keys=100_000)
+    server: RedisServer = request.getfixturevalue("redis_server")
+    ns = f"bench-{uuid.uuid4().hex[:8]}"
+
+    async def make() -> IndexStore:  # async factories are accepted too
+        return RedisStore(server.url, namespace=ns)
+
+    return make
+
+
+async def test_bench_reports_one_row_per_prompt_size(factory) -> None:
+    rows = await run_index_bench(
+        factory, prompt_tokens=(256, 1024), block_size=16, n_lookups=20, n_ingest_blocks=500
+    )
+
+    assert [(r.prompt_tokens, r.blocks, r.lookups) for r in rows] == [(256, 16, 20), (1024, 64, 20)]
+    assert all(r.ingest_blocks_per_s > 0 for r in rows)
+    assert all(0 < r.lookup_p50_us <= r.lookup_p99_us for r in rows)
+
+
+def test_bench_table_prints_every_row() -> None:
+    row = IndexBenchRow("memory", 32768, 2048, 400_000.0, 300, 512.4, 900.0, 600.0)
+    out = io.StringIO()
+
+    print_index_bench([row], Console(file=out, width=160))
+
+    assert "32,768" in out.getvalue() and "400,000" in out.getvalue() and "512" in out.getvalue()
