@@ -80,10 +80,6 @@ class SessionAffinity:
                 return Decision(pod=least.id, strategy=self.name, reason=Reason.LOAD_SPILL)
         return Decision(pod=home.id, strategy=self.name, reason=Reason.SESSION)
 
-    def home_of(self, session_key: str, pods: Sequence[PodView]) -> str:
-        """The session's home among ``pods`` (ignores load); remembers it."""
-        return self._home(session_key, pods).id
-
     def observe(self, req: RouteRequest, decision: Decision, outcome: Outcome) -> None:
         return None
 
