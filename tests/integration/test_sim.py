@@ -311,8 +311,9 @@ def test_ttft_follows_overhead_plus_uncached_prefill(slow_pod):
         return elapsed
 
     cold, warm = ttft(), ttft()
-    assert 0.35 <= cold < 0.6
-    assert 0.06 <= warm < 0.2
+    # Lower bounds are exact (sleeps); upper ones leave room for a loaded machine.
+    assert cold >= 0.35 and warm >= 0.062
+    assert warm < cold - 0.15
 
 
 async def test_requests_beyond_max_num_seqs_wait_in_fifo_order(slow_pod):
