@@ -22,6 +22,7 @@ holders, so the common step is one string comparison.
 from __future__ import annotations
 
 LOOKUP = r"""
+local sub = string.sub
 local blob, len = ARGV[1], tonumber(ARGV[2])
 local n = #blob / len
 local t = redis.call('TIME')
@@ -30,27 +31,33 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local function holders(v)
   local bar = string.find(v, '|', 1, true)
   local seen = {}
-  for pod, x in string.gmatch(string.sub(v, bar + 1), '([^=;]+)=(%d+)') do
+  for pod, x in string.gmatch(sub(v, bar + 1), '([^=;]+)=(%d+)') do
     x = tonumber(x)
     local bits = x % 4
     if bits % 2 == 0 and (x - bits) / 4 > now then bits = bits + 1 end
     if bits > 0 then seen[pod] = bits end
   end
-  return seen, string.sub(v, 1, bar - 1)
+  return seen, sub(v, 1, bar - 1)
 end
 
 local order, l0, l01, writers = {}, {}, {}, {}
-local nalive, l2, l2alive, writer, walked = 0, 0, true, '', 0
-local prev, i, chunk, done = 0, 1, 64, false
-while i <= n and not done do
+local nalive, l2, l2alive, writer, runstart = 0, 0, true, '', 1
+local prev, i, chunk, walked = 0, 1, 64, -1
+while i <= n and walked < 0 do
   local last = math.min(n, i + chunk - 1)
-  local names = {}
-  for j = i, last do names[#names + 1] = string.sub(blob, (j - 1) * len + 1, j * len) end
+  local names, c, off = {}, 0, (i - 1) * len
+  for _ = i, last do
+    c = c + 1
+    names[c] = sub(blob, off + 1, off + len)
+    off = off + len
+  end
   local vals = redis.call('MGET', unpack(names))
-  for j = 1, #vals do
-    local k, v = i + j - 1, vals[j]
+  for j = 1, c do
+    local v = vals[j]
     if v ~= prev then
-      if not v then done = true break end
+      local k = i + j - 1
+      if not v then walked = k - 1 break end
+      if l2alive and k > 1 then writers[writer] = (writers[writer] or 0) + k - runstart end
       local seen, w = holders(v)
       if k == 1 then
         for pod, bits in pairs(seen) do
@@ -66,16 +73,18 @@ while i <= n and not done do
           if l01[pod] == -1 and bits == 0 then l01[pod] = k - 1; nalive = nalive - 1 end
         end
       end
-      if w == '' then l2alive = false end
-      writer = w
-      if nalive == 0 and not l2alive then done = true break end
-      prev = v
+      if w == '' and l2alive then l2 = k - 1; l2alive = false end
+      writer, runstart, prev = w, k, v
+      if nalive == 0 and not l2alive then walked = k - 1 break end
     end
-    if l2alive then l2 = k; writers[writer] = (writers[writer] or 0) + 1 end
-    walked = k
   end
   i = last + 1
   chunk = math.min(chunk * 2, 1024)
+end
+if walked < 0 then walked = n end
+if l2alive then
+  l2 = walked
+  if walked >= runstart then writers[writer] = (writers[writer] or 0) + walked - runstart + 1 end
 end
 
 local out = {l2, #order}
@@ -85,7 +94,7 @@ for _, pod in ipairs(order) do
   if b == -1 then b = walked end
   out[#out + 1] = pod; out[#out + 1] = a; out[#out + 1] = b
 end
-for w, c in pairs(writers) do out[#out + 1] = w; out[#out + 1] = c end
+for w, cnt in pairs(writers) do out[#out + 1] = w; out[#out + 1] = cnt end
 return out
 """
 
