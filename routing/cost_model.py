@@ -155,7 +155,9 @@ class CostModel:
         return asdict(self)
 
     def tier(self, tier: Tier) -> TierCost | None:
-        return {Tier.L1: self.l1, Tier.L2: self.l2}.get(tier)
+        if tier == Tier.L2:
+            return self.l2
+        return self.l1 if tier == Tier.L1 else None
 
     def prefill_s(self, tokens: int) -> float:
         """Time to prefill ``tokens`` uncached tokens (fixed overhead + per token)."""
@@ -164,9 +166,7 @@ class CostModel:
     def load_s(self, tier: Tier, tokens: int) -> float:
         """Time to bring ``tokens`` tokens of KV from ``tier`` into the engine (L0: 0)."""
         cost = self.tier(tier)
-        if cost is None or tokens <= 0:
-            return 0.0
-        return cost.latency_s + tokens * self.kv_bytes_per_token / cost.bandwidth_bytes_per_s
+        return 0.0 if cost is None else self._load_s(cost, tokens)
 
     def worth_loading(self, tier: Tier, tokens: int) -> bool:
         """Whether a pod should load ``tokens`` from ``tier`` rather than recompute them.
@@ -175,9 +175,9 @@ class CostModel:
         and applies the tier's ``min_speedup`` margin.
         """
         cost = self.tier(tier)
-        if tokens <= 0 or cost is None:
+        if cost is None:
             return tier == Tier.L0 and tokens > 0
-        return self.load_s(tier, tokens) * cost.min_speedup <= tokens * self.prefill_s_per_token
+        return self._worth(cost, tokens)
 
     def plan_loads(self, l1_tokens: int, l2_tokens: int) -> tuple[int, int]:
         """Tokens actually worth loading from (L1, L2), given consecutive segments.
@@ -186,20 +186,37 @@ class CostModel:
         a consecutive prefix from block 0, so when it reaches past L1 it can also serve
         the L1 segment. A segment after one that is recomputed cannot be used.
         """
+        if l1_tokens <= 0 and l2_tokens <= 0:
+            return (0, 0)  # the common case: nothing beyond L0
+        l1, l2 = self.l1, self.l2
         options = [(0, 0)]
-        if self.worth_loading(Tier.L1, l1_tokens):
+        if self._worth(l1, l1_tokens):
             options.append((l1_tokens, 0))
-            if self.worth_loading(Tier.L2, l2_tokens):
+            if self._worth(l2, l2_tokens):
                 options.append((l1_tokens, l2_tokens))
-        if l2_tokens > 0 and self.worth_loading(Tier.L2, l1_tokens + l2_tokens):
+        if l2_tokens > 0 and self._worth(l2, l1_tokens + l2_tokens):
             options.append((0, l1_tokens + l2_tokens))
+        if len(options) == 1:
+            return options[0]
+        per_token = self.prefill_s_per_token
 
-        def saved_s(opt: tuple[int, int]) -> tuple[float, int]:
+        def net_s(opt: tuple[int, int]) -> tuple[float, int]:  # load minus recompute saved
             loaded = opt[0] + opt[1]
-            cost = self.load_s(Tier.L1, opt[0]) + self.load_s(Tier.L2, opt[1])
-            return (cost - loaded * self.prefill_s_per_token, -loaded)
+            cost = self._load_s(l1, opt[0]) + self._load_s(l2, opt[1])
+            return (cost - loaded * per_token, -loaded)
 
-        return min(options, key=saved_s)
+        return min(options, key=net_s)
+
+    # Hot path (once per candidate pod per request): tier costs passed directly.
+    def _load_s(self, cost: TierCost, tokens: int) -> float:
+        if tokens <= 0:
+            return 0.0
+        return cost.latency_s + tokens * self.kv_bytes_per_token / cost.bandwidth_bytes_per_s
+
+    def _worth(self, cost: TierCost, tokens: int) -> bool:
+        if tokens <= 0:
+            return False
+        return self._load_s(cost, tokens) * cost.min_speedup <= tokens * self.prefill_s_per_token
 
     def queue_delay_s(self, pod: PodView) -> float:
         """Wait before this request's prefill starts on ``pod``.
@@ -226,8 +243,8 @@ class CostModel:
         uncached = max(1, prompt_tokens - l0_tokens - l1_tokens - l2_tokens)
         return (
             self.queue_delay_s(pod)
-            + self.load_s(Tier.L1, l1_tokens)
-            + self.load_s(Tier.L2, l2_tokens)
+            + self._load_s(self.l1, l1_tokens)
+            + self._load_s(self.l2, l2_tokens)
             + self.prefill_s(uncached)
         )
 
