@@ -16,7 +16,7 @@ from kvindex.store import Removed, Stored
 from kvindex.types import PodPrefix, Tier
 from tests.redis_server import REDIS_SERVER, SKIP_REASON, RedisServer, running_redis
 
-pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)
+pytestmark = [pytest.mark.redis, pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)]
 K = [0xC000 + i for i in range(16)]
 NS = "resilience"
 

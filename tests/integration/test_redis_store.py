@@ -14,6 +14,7 @@ from kvindex.store import Removed, Stored
 from kvindex.types import PodPrefix, Tier
 from tests.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
 
+pytestmark = pytest.mark.redis
 K = [0xB000 + i for i in range(2048)]
 
 

@@ -23,7 +23,7 @@ L0, L1, L2 = Tier.L0, Tier.L1, Tier.L2
 Store = MemoryStore | RedisStore
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     if request.param == "memory":
         s: Store = MemoryStore(capacity_keys=10_000)

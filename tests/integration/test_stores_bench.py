@@ -15,7 +15,7 @@ from kvindex.store import IndexStore
 from tests.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
 def factory(request: pytest.FixtureRequest):
     if request.param == "memory":
         return lambda: MemoryStore(capacity_keys=100_000)
