@@ -160,21 +160,20 @@ def _row(backend: str, tokens: int, blocks: int, rate: float, s: list[float]) ->
 
 def print_index_bench(rows: Sequence[IndexBenchRow], console: Console | None = None) -> None:
     table = Table(title="kvgate index benchmark (lookup = full-prompt hit, worst case)")
-    for col in ("backend", "prompt tokens", "blocks", "ingest blocks/s"):
-        table.add_column(col, justify="right")
-    for col in ("lookups", "p50 µs", "p99 µs", "mean µs"):
-        table.add_column(col, justify="right")
+    table.add_column("backend", no_wrap=True)
+    for col in ("tokens", "blocks", "ingest blk/s", "p50 µs", "p99 µs", "mean µs"):
+        table.add_column(col, justify="right", no_wrap=True)
     for r in rows:
         table.add_row(
             r.backend,
             f"{r.prompt_tokens:,}",
             f"{r.blocks:,}",
-            f"{r.ingest_blocks_per_s:,.0f}",
-            f"{r.lookups:,}",
+            f"{r.ingest_blocks_per_s / 1000:,.0f}k",
             f"{r.lookup_p50_us:,.0f}",
             f"{r.lookup_p99_us:,.0f}",
             f"{r.lookup_mean_us:,.0f}",
         )
+    table.caption = f"{rows[0].lookups:,} lookups per row" if rows else None
     (console or Console()).print(table)
 
 

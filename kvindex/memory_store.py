@@ -20,6 +20,9 @@ Speculative entries (``speculate``) say "the router just sent this prompt to
 that pod, so it will hold these blocks in L0 in a moment". They count as L0
 until their deadline unless a real ``Stored(L0)`` confirms them first.
 
+Sizing: about 300 bytes per key held by two pods (record, per-pod set entries,
+the key int), so ``capacity_keys=1_000_000`` is ~300 MB.
+
 Every method has a synchronous ``*_now`` twin for the discrete-event simulator,
 which drives the store with its own virtual ``clock``.
 """
