@@ -45,5 +45,5 @@ def test_bench_table_prints_every_row() -> None:
     print_index_bench([row], Console(file=out, width=160))
 
     assert (
-        "│ memory │ 32,768 │  2,048 │         400k │    512 │    900 │     600 │" in out.getvalue()
+        "│ memory  │ 32,768 │  2,048 │         400k │    512 │    900 │     600 │" in out.getvalue()
     )
