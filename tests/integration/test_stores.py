@@ -1,4 +1,7 @@
-"""IndexStore semantics, run against every backend: MemoryStore and RedisStore.
+"""IndexStore semantics, run against every backend and wrapper.
+
+MemoryStore, RedisStore, ResilientStore (Redis with a local view) and
+InstrumentedStore (metrics decorator) must give the same answers.
 
 RedisStore talks to a real redis-server (tests/redis_server.py); each test gets
 its own namespace, so tests never see each other's keys.
@@ -11,27 +14,46 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from kvindex.instrumented import InstrumentedStore
 from kvindex.memory_store import MemoryStore
 from kvindex.redis_store import RedisStore
-from kvindex.store import Cleared, Removed, Stored
+from kvindex.resilient_store import ResilientMetrics, ResilientStore
+from kvindex.store import Cleared, IndexStore, Removed, Stored
 from kvindex.types import PodPrefix, Tier
 from tests.redis_server import redis_server  # noqa: F401  (fixture)
 
 K = [0xA000 + i for i in range(12)]  # a 12-block prompt's chained keys
 L0, L1, L2 = Tier.L0, Tier.L1, Tier.L2
-Store = MemoryStore | RedisStore
+Store = MemoryStore | RedisStore | ResilientStore | InstrumentedStore
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(
+    params=[
+        "memory",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("resilient", marks=pytest.mark.redis),  # Redis + local view
+        "instrumented",  # the metrics decorator around a MemoryStore
+    ]
+)
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
+    s: Store
     if request.param == "memory":
-        s: Store = MemoryStore(capacity_keys=10_000)
+        s = MemoryStore(capacity_keys=10_000)
+    elif request.param == "instrumented":
+        s = InstrumentedStore(MemoryStore(capacity_keys=10_000), CollectorRegistry())
     else:
         server = request.getfixturevalue("redis_server")
         s = RedisStore(server.url, namespace=f"t-{uuid.uuid4().hex[:8]}", key_ttl_s=60)
+        if request.param == "resilient":
+            s = ResilientStore(s, MemoryStore(10_000), ResilientMetrics(CollectorRegistry()))
     yield s
     await s.close()
+
+
+async def test_every_backend_satisfies_the_index_store_protocol(store: Store) -> None:
+    assert isinstance(store, IndexStore)
 
 
 async def test_match_reports_per_pod_l0_and_l0_l1_prefixes(store: Store) -> None:
