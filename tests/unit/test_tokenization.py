@@ -1,0 +1,103 @@
+"""Local tokenization renders chat like vLLM 0.32 and caches by rendered prompt."""
+
+import pytest
+
+from bench.tinymodel import ensure_tokenizer
+from kvindex.tokenization import (
+    LocalTokenizer,
+    TokenCache,
+    Tokenization,
+    TokenizationError,
+    UnsupportedPrompt,
+)
+
+
+@pytest.fixture(scope="module")
+def local():
+    return LocalTokenizer(ensure_tokenizer())
+
+
+def test_chat_renders_the_template_with_the_generation_prompt(local):
+    text = local.render_chat([{"role": "user", "content": "Hi"}])
+    assert text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_continue_final_message_leaves_the_last_turn_open(local):
+    messages = [{"role": "user", "content": "Write"}, {"role": "assistant", "content": "Once"}]
+    text = local.render_chat(messages, add_generation_prompt=False, continue_final_message=True)
+    assert text == "<|im_start|>user\nWrite<|im_end|>\n<|im_start|>assistant\nOnce"
+
+
+def test_text_parts_are_joined_by_newlines_for_string_templates(local):
+    parts = [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]
+    text = local.render_chat([{"role": "user", "content": parts}], add_generation_prompt=False)
+    assert text == "<|im_start|>user\none\ntwo<|im_end|>\n"
+
+
+def test_developer_turns_become_system_when_the_template_lacks_the_role(local):
+    text = local.render_chat([{"role": "developer", "content": "R"}], add_generation_prompt=False)
+    assert text == "<|im_start|>system\nR<|im_end|>\n"
+
+
+def test_image_parts_are_not_rendered_locally(local):
+    parts = [{"type": "image_url", "image_url": {"url": "data:"}}]
+    with pytest.raises(UnsupportedPrompt):
+        local.render_chat([{"role": "user", "content": parts}])
+
+
+def test_both_generation_flags_are_refused_like_vllm_does(local):
+    with pytest.raises(UnsupportedPrompt):
+        local.render_chat([{"role": "user", "content": "x"}], continue_final_message=True)
+
+
+async def test_chat_ids_are_the_rendered_text_encoded_without_special_tokens(local):
+    tok = Tokenization("tiny", "local", local)
+    messages = [{"role": "user", "content": "Hello there"}]
+    expected = local.encode(local.render_chat(messages), add_special_tokens=False)
+    assert await tok.chat(messages) == expected
+    assert expected[0] == 1  # <|im_start|> is one special token, not its characters
+
+
+async def test_repeated_prompts_are_served_from_the_cache(local):
+    tok = Tokenization("tiny", "local", local)
+    messages = [{"role": "user", "content": "Hello again"}]
+    first = await tok.chat(messages)
+    assert await tok.chat(messages) == first
+    assert (tok.stats.misses, tok.stats.hits) == (1, 1)
+
+
+async def test_long_prompts_are_encoded_off_the_event_loop_with_the_same_ids(local):
+    inline = Tokenization("tiny", "local", local, offload_chars=10**9)
+    offloaded = Tokenization("tiny", "local", local, offload_chars=100)
+    prompt = "A cache keeps what was computed. " * 40
+    assert await offloaded.completion(prompt) == await inline.completion(prompt)
+    assert (offloaded.stats.offloaded, inline.stats.offloaded) == (1, 0)
+
+
+async def test_local_mode_reports_what_it_cannot_render(local):
+    tok = Tokenization("tiny", "local", local)
+    with pytest.raises(TokenizationError):
+        await tok.chat([{"role": "user", "content": [{"type": "input_audio"}]}])
+
+
+async def test_auto_mode_without_an_engine_fails_cleanly_on_unsupported_prompts(local):
+    tok = Tokenization("tiny", "auto", local)
+    with pytest.raises(TokenizationError):
+        await tok.chat([{"role": "user", "content": [{"type": "input_audio"}]}])
+    assert tok.stats.fallbacks == 1
+
+
+def test_token_cache_is_bounded_by_the_tokens_it_holds():
+    cache = TokenCache(capacity_tokens=5)
+    cache.put(b"a", [1, 2, 3])
+    cache.put(b"b", [4, 5])
+    assert cache.get(b"a") == [1, 2, 3]  # a becomes most recent
+    cache.put(b"c", [6])
+    assert (cache.get(b"b"), cache.get(b"a"), cache.get(b"c"), cache.tokens) == (
+        None,
+        [1, 2, 3],
+        [6],
+        4,
+    )
+    cache.put(b"huge", list(range(6)))
+    assert cache.get(b"huge") is None

@@ -1,0 +1,107 @@
+"""EngineTokenizer and auto-mode fallback against a real HTTP /tokenize on loopback.
+
+The server below answers like vLLM's /tokenize using the tiny model's tokenizer, so
+the ids it returns are what the local path would compute.
+"""
+
+import asyncio
+import socket
+
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from bench.tinymodel import ensure_tokenizer
+from kvindex.tokenization import EngineTokenizer, LocalTokenizer, Tokenization, TokenizationError
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def local():
+    return LocalTokenizer(ensure_tokenizer())
+
+
+@pytest.fixture
+async def engine_url(local):
+    app = FastAPI()
+    seen: list[dict] = []
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        body = await request.json()
+        seen.append(body)
+        if body.get("model") == "broken":
+            return JSONResponse({"error": "boom"}, status_code=500)
+        if "messages" in body:
+            text_only = [
+                {**m, "content": m["content"] if isinstance(m["content"], str) else "[media]"}
+                for m in body["messages"]
+            ]
+            text = local.render_chat(text_only)
+            return {"tokens": local.encode(text, body["add_special_tokens"]), "count": 0}
+        return {"tokens": local.encode(body["prompt"], body["add_special_tokens"])}
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    yield f"http://127.0.0.1:{port}", seen
+    server.should_exit = True
+    await task
+
+
+async def test_engine_mode_asks_the_pod_with_vllm_request_fields(engine_url, local):
+    url, seen = engine_url
+    engine = EngineTokenizer(url)
+    tok = Tokenization("tiny", "engine", engine=engine)
+    messages = [{"role": "user", "content": "Hi"}]
+    assert await tok.chat(messages) == local.encode(local.render_chat(messages), False)
+    assert seen == [
+        {
+            "model": "tiny",
+            "messages": messages,
+            "add_generation_prompt": True,
+            "continue_final_message": False,
+            "add_special_tokens": False,
+        }
+    ]
+    await tok.chat(messages)
+    assert (tok.stats.engine, tok.stats.hits, len(seen)) == (1, 1, 1)
+    await engine.aclose()
+
+
+async def test_auto_mode_falls_back_to_the_engine_for_prompts_it_cannot_render(engine_url, local):
+    url, _ = engine_url
+    engine = EngineTokenizer(url)
+    tok = Tokenization("tiny", "auto", local, engine)
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    expected = local.encode(local.render_chat([{"role": "user", "content": "[media]"}]), False)
+    assert await tok.chat(messages) == expected
+    assert (tok.stats.fallbacks, tok.stats.engine, tok.stats.local) == (1, 1, 0)
+    await engine.aclose()
+
+
+async def test_completion_via_engine_adds_special_tokens_by_default(engine_url, local):
+    url, seen = engine_url
+    engine = EngineTokenizer(url)
+    ids = await Tokenization("tiny", "engine", engine=engine).completion("plain text")
+    assert ids == local.encode("plain text", True)
+    assert seen[-1] == {"model": "tiny", "prompt": "plain text", "add_special_tokens": True}
+    await engine.aclose()
+
+
+async def test_engine_errors_and_unreachable_pods_raise_tokenization_error(engine_url):
+    url, _ = engine_url
+    broken = Tokenization("broken", "engine", engine=EngineTokenizer(url))
+    with pytest.raises(TokenizationError):
+        await broken.completion("x")
+    gone = Tokenization("tiny", "engine", engine=EngineTokenizer(f"http://127.0.0.1:{free_port()}"))
+    with pytest.raises(TokenizationError):
+        await gone.completion("x")
