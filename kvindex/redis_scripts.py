@@ -2,7 +2,12 @@
 
 Value of one block key (a plain string, so a lookup reads thousands with one MGET)::
 
-    <l2 writer pod or empty>|<pod>=<x>;<pod>=<x>...
+    <l2 writer pod id or empty>|<pod id>=<x>;<pod id>=<x>...
+
+Pod ids are 8-character hashes of the pod name (``RedisStore.pod_id``); the
+registry hash ``{kvgate:<ns>}:pods`` maps them back to names. Why not the names
+themselves: real pod names are ~40 bytes, and value size is most of what a
+lookup pays per key (a 2048-key walk measured +40% with such names).
 
 ``x = bits + 4 * spec_deadline_ms``: ``bits`` 1 = L0 (confirmed), 2 = L1;
 ``spec_deadline_ms`` (server clock, ``TIME``) > now means a speculative L0.
@@ -23,7 +28,7 @@ from __future__ import annotations
 
 LOOKUP = r"""
 local sub = string.sub
-local blob, len = ARGV[1], tonumber(ARGV[2])
+local blob, len = ARGV[1], tonumber(ARGV[2])  -- ARGV[3]: pod registry hash
 local n = #blob / len
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -87,23 +92,33 @@ if l2alive then
   if walked >= runstart then writers[writer] = (writers[writer] or 0) + walked - runstart + 1 end
 end
 
+-- one HMGET turns the (few) pod ids of the answer back into names
+local ids = {}
+for _, pod in ipairs(order) do ids[#ids + 1] = pod end
+for w, _ in pairs(writers) do ids[#ids + 1] = w end
+local names = {}
+if #ids > 0 then names = redis.call('HMGET', ARGV[3], unpack(ids)) end
 local out = {l2, #order}
-for _, pod in ipairs(order) do
+for i, pod in ipairs(order) do
   local a, b = l0[pod], l01[pod]
   if a == -1 then a = walked end
   if b == -1 then b = walked end
-  out[#out + 1] = pod; out[#out + 1] = a; out[#out + 1] = b
+  out[#out + 1] = names[i] or pod; out[#out + 1] = a; out[#out + 1] = b
 end
-for w, cnt in pairs(writers) do out[#out + 1] = w; out[#out + 1] = cnt end
+for i = #order + 1, #ids do
+  out[#out + 1] = names[i] or ids[i]; out[#out + 1] = writers[ids[i]]
+end
 return out
 """
 
-# ARGV: op, pod, key ttl ms, names blob, name length, extra
+# ARGV: op, pod id, key ttl ms, names blob, name length, extra, pod name, registry
 #   op S0/S1/S2: stored in tier; R0/R1/R2: removed; P: speculate (extra = ttl ms);
 #   C: clear (extra = tier mask 1 L0, 2 L1, 4 L2 written by this pod).
+#   A non-empty pod name is (re)registered under its id in the registry hash.
 APPLY = r"""
 local op, pod, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local blob, len, extra = ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6] or '0')
+if ARGV[7] ~= '' then redis.call('HSET', ARGV[8], pod, ARGV[7]) end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local store = string.sub(op, 1, 1) == 'S'

@@ -1,7 +1,9 @@
 """``IndexStore`` in Redis, so many gateway replicas share one index.
 
-Layout: one string per block key, named ``{kvgate:<namespace>}:b:<key as 16 hex>``
-(value format in ``kvindex.redis_scripts``). Why one hash tag for the whole
+Layout: one string per block key, named ``{kvgate:<namespace>}:b:<key as 16 hex>``,
+holding short pod ids and tier bits (format in ``kvindex.redis_scripts``), plus
+a small hash ``{kvgate:<namespace>}:pods`` mapping pod ids back to names (one
+field per pod name ever written; no TTL). Why one hash tag for the whole
 namespace: a lookup is ONE Lua script that walks thousands of block keys, and
 Redis Cluster only lets a script touch keys of a single slot. The price is that
 one namespace (one model) lives on one shard; spread models over namespaces.
@@ -14,10 +16,11 @@ as the hard bound; lookups read keys, so Redis's LRU keeps hot prefixes. Pick
 (vLLM emits ``BlockStored`` once per residency); a block that outlives its TTL
 simply stops attracting requests until it is stored again.
 
-``stats().keys`` is ``DBSIZE``: give the index its own Redis DB (``/1`` in the
-URL) or instance. Per-pod counts are not tracked (that would cost a write per
-event); ``drop_pod`` and ``Cleared`` SCAN the namespace, which is fine for
-their rarity (pod ejection, engine restart).
+``stats().keys`` is ``DBSIZE`` (block keys plus one registry hash per
+namespace): give the index its own Redis DB (``/1`` in the URL) or instance.
+Per-pod counts are not tracked (that would cost a write per event);
+``drop_pod`` and ``Cleared`` SCAN the namespace, which is fine for their rarity
+(pod ejection, engine restart).
 
 Errors (``redis.exceptions.RedisError``, ``OSError``) propagate: wrap the store
 in ``ResilientStore`` for fallback. Socket timeouts default to 100 ms and a
@@ -27,6 +30,8 @@ after a restart); a timeout is not retried.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -43,7 +48,7 @@ from kvindex.types import PodPrefix, PrefixMatch, Tier
 
 _MAX_KEY = 1 << 64
 _KEYS_PER_CALL = 4096  # bounds how long one apply script blocks Redis (~10 ms)
-_FORBIDDEN_IN_POD = set("|;=")  # separators of the value format
+_POD_ID_CACHE = 4096
 _TIER_MASK = {Tier.L0: 1, Tier.L1: 2, Tier.L2: 4}
 
 
@@ -75,8 +80,9 @@ class RedisStore:
         self.capacity = max_keys
         self.prefix = f"{{kvgate:{namespace}}}:b:"
         self.name_len = len(self.prefix.encode()) + 16
+        self.registry = f"{{kvgate:{namespace}}}:pods"  # pod id -> pod name
+        self._pod_ids: dict[str, str] = {}
         self.bad_keys = 0  # keys outside [0, 2^64), counted and skipped
-        self.bad_pods = 0  # pod ids containing | ; or =
         self.bad_ops = 0  # ops of an unknown type
         self._redis: Redis = Redis.from_url(
             url,
@@ -97,6 +103,16 @@ class RedisStore:
     def key_name(self, key: int) -> str:
         return f"{self.prefix}{key:016x}"
 
+    def pod_id(self, pod: str) -> str:
+        """8 url-safe base64 chars (48 bits) of BLAKE2b(pod): the pod as stored in values."""
+        pid = self._pod_ids.get(pod)
+        if pid is None:
+            if len(self._pod_ids) >= _POD_ID_CACHE:
+                self._pod_ids.clear()
+            digest = hashlib.blake2b(pod.encode(), digest_size=6).digest()
+            pid = self._pod_ids[pod] = base64.urlsafe_b64encode(digest).decode()
+        return pid
+
     def _names(self, keys: Sequence[int]) -> bytes:
         """Block key names concatenated (all ``name_len`` bytes), built at C speed."""
         try:
@@ -116,7 +132,7 @@ class RedisStore:
         if not names:
             return 0, {}, {}
         first = names[: self.name_len]
-        res = await self._lookup(keys=[first], args=[names, self.name_len])
+        res = await self._lookup(keys=[first], args=[names, self.name_len, self.registry])
         l2, npods = int(res[0]), int(res[1])
         pods: dict[str, PodPrefix] = {}
         for j in range(2, 2 + 3 * npods, 3):
@@ -151,8 +167,6 @@ class RedisStore:
 
     async def apply(self, pod: str, ops: Sequence[IndexOp]) -> None:
         """All of a batch's Stored/Removed in one pipelined round trip."""
-        if not self._pod_ok(pod):
-            return
         calls: list[list[Any]] = []
         for op in ops:
             if isinstance(op, Stored | Removed):
@@ -170,16 +184,18 @@ class RedisStore:
         """Mark ``pod`` as holding ``keys`` in L0 for ``ttl_s`` unless confirmed sooner.
 
         Deadlines use the Redis server clock, so all replicas agree on expiry."""
-        if self._pod_ok(pod):
-            await self._run(self._calls("P", pod, keys, max(1, int(ttl_s * 1000))))
+        await self._run(self._calls("P", pod, keys, max(1, int(ttl_s * 1000))))
 
     def _calls(self, code: str, pod: str, keys: Sequence[int], extra: int) -> list[list[Any]]:
         """APPLY script argument lists, ``_KEYS_PER_CALL`` keys each."""
         out = []
+        pid = self.pod_id(pod)
+        name = pod if code[0] in "SP" else ""  # writes (re)register the pod's name
         for i in range(0, len(keys), _KEYS_PER_CALL):
             names = self._names(keys[i : i + _KEYS_PER_CALL])
             if names:
-                out.append([code, pod, self.key_ttl_ms, names, self.name_len, extra])
+                args = [code, pid, self.key_ttl_ms, names, self.name_len, extra, name]
+                out.append([*args, self.registry])
         return out
 
     async def _run(self, calls: list[list[Any]]) -> None:
@@ -204,27 +220,21 @@ class RedisStore:
 
     async def drop_pod(self, pod: str) -> None:
         """Forget an ejected pod's L0/L1 entries; its L2 writes stay (shared storage)."""
-        if self._pod_ok(pod):
-            await self._clear(pod, _TIER_MASK[Tier.L0] | _TIER_MASK[Tier.L1])
+        await self._clear(pod, _TIER_MASK[Tier.L0] | _TIER_MASK[Tier.L1])
 
     async def _clear(self, pod: str, mask: int) -> None:
         """SCAN the namespace and clear ``pod``'s tiers in ``mask`` batch by batch."""
         pattern = _glob_escape(self.prefix) + "*"
+        pid = self.pod_id(pod)
         cursor = 0
         while True:
             cursor, found = await self._redis.scan(cursor, match=pattern, count=2000)
             names = b"".join(n for n in found if len(n) == self.name_len)
             if names:
-                await self._run([["C", pod, self.key_ttl_ms, names, self.name_len, mask]])
+                args = ["C", pid, self.key_ttl_ms, names, self.name_len, mask, ""]
+                await self._run([[*args, self.registry]])
             if cursor == 0:
                 return
-
-    def _pod_ok(self, pod: str) -> bool:
-        """Pod ids with a separator of the value format are counted and skipped."""
-        if pod and not _FORBIDDEN_IN_POD & set(pod):
-            return True
-        self.bad_pods += 1
-        return False
 
     async def close(self) -> None:
         await self._redis.aclose()

@@ -34,10 +34,10 @@ async def test_block_keys_share_one_hash_tag_so_a_script_sees_one_slot(store: Re
 
     names = await _names(store)
 
-    assert len(names) == 52
+    assert len(names) == 52  # block keys; the pod registry hash is not under :b:
     pattern = re.compile(r"\{kvgate:" + re.escape(store.namespace) + r"\}:b:[0-9a-f]{16}")
     assert all(pattern.fullmatch(n.decode()) for n in names)
-    assert {key_slot(n) for n in names} == {key_slot(names[0])}
+    assert {key_slot(n) for n in [*names, store.registry.encode()]} == {key_slot(names[0])}
     assert store.key_name(0xB000) == f"{{kvgate:{store.namespace}}}:b:000000000000b000"
 
 
@@ -90,23 +90,35 @@ async def test_lookup_of_2048_keys_is_one_script_call(store: RedisStore) -> None
     stats = await store.client.info("commandstats")
     assert m.pods == {"a": PodPrefix(2048, 2048)}
     assert stats["cmdstat_evalsha"]["calls"] == 1
-    # the client issued one EVALSHA; TIME and the MGET chunks run inside the script
+    # the client issued one EVALSHA; TIME, MGET chunks and the name HMGET ran inside it
     assert set(stats) == {
         "cmdstat_evalsha",
         "cmdstat_time",
         "cmdstat_mget",
+        "cmdstat_hmget",
         "cmdstat_config|resetstat",
     }
 
 
-async def test_keys_out_of_range_and_bad_pod_ids_are_counted_and_skipped(
-    store: RedisStore,
-) -> None:
+async def test_keys_out_of_range_are_counted_and_skipped(store: RedisStore) -> None:
     await store.apply("a", [Stored(Tier.L0, [K[0], -1, 2**64, K[1]])])
-    await store.apply("a|b", [Stored(Tier.L0, K[:5])])
 
-    assert (store.bad_keys, store.bad_pods) == (2, 1)
+    assert store.bad_keys == 2
     assert (await store.match(K[:5], 16)).pods == {"a": PodPrefix(2, 2)}
+
+
+async def test_values_hold_short_pod_ids_and_the_registry_names_them(store: RedisStore) -> None:
+    pod = "vllm-llama-3-8b-instruct-7d9f8c6b5-x2x9z|;="  # long, with any characters
+    await store.apply(pod, [Stored(Tier.L0, K[:2]), Stored(Tier.L2, K[:1])])
+
+    pid = store.pod_id(pod)
+    value = await store.client.get(store.key_name(K[0]))
+
+    assert len(pid) == 8
+    assert value == f"{pid}|{pid}=1".encode()
+    assert await store.client.hgetall(store.registry) == {pid.encode(): pod.encode()}
+    assert (await store.match(K[:2], 16)).pods == {pod: PodPrefix(2, 2)}
+    assert await store.l2_writers(K[:2]) == {pod: 1}
 
 
 async def test_store_recovers_when_redis_forgot_its_scripts(store: RedisStore) -> None:
@@ -127,6 +139,7 @@ async def test_stats_report_the_dedicated_db_size(redis_server: RedisServer) -> 
 
         stats = await store.stats()
 
-        assert (stats.backend, stats.keys, stats.capacity) == ("redis", 3, 1000)
+        # three block keys and the namespace's pod registry
+        assert (stats.backend, stats.keys, stats.capacity) == ("redis", 4, 1000)
     finally:
         await store.close()
