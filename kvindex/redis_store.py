@@ -3,7 +3,7 @@
 Layout: one string per block key, named ``{kvgate:<namespace>}:b:<key as 16 hex>``,
 holding short pod ids and tier bits (format in ``kvindex.redis_scripts``), plus
 a small hash ``{kvgate:<namespace>}:pods`` mapping pod ids back to names (one
-field per pod name ever written; no TTL). Why one hash tag for the whole
+field per pod that wrote and was not dropped since; no TTL). Why one hash tag for the whole
 namespace: a lookup is ONE Lua script that walks thousands of block keys, and
 Redis Cluster only lets a script touch keys of a single slot. The price is that
 one namespace (one model) lives on one shard; spread models over namespaces.
@@ -219,8 +219,12 @@ class RedisStore:
                 self._apply.sha = await self._redis.script_load(APPLY)
 
     async def drop_pod(self, pod: str) -> None:
-        """Forget an ejected pod's L0/L1 entries; its L2 writes stay (shared storage)."""
+        """Forget an ejected pod's L0/L1 entries; its L2 writes stay (shared storage).
+
+        Its registry name goes too (so the registry holds live pods only); its L2
+        writes are then attributed to its raw id until it writes again."""
         await self._clear(pod, _TIER_MASK[Tier.L0] | _TIER_MASK[Tier.L1])
+        await self._redis.hdel(self.registry, self.pod_id(pod))
 
     async def _clear(self, pod: str, mask: int) -> None:
         """SCAN the namespace and clear ``pod``'s tiers in ``mask`` batch by batch."""

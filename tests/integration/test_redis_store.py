@@ -121,6 +121,16 @@ async def test_values_hold_short_pod_ids_and_the_registry_names_them(store: Redi
     assert await store.l2_writers(K[:2]) == {pod: 1}
 
 
+async def test_drop_pod_removes_its_name_from_the_registry(store: RedisStore) -> None:
+    await store.apply("a", [Stored(Tier.L0, K[:2]), Stored(Tier.L2, K[:2])])
+    await store.apply("b", [Stored(Tier.L0, K[:1])])
+
+    await store.drop_pod("a")
+
+    assert await store.client.hgetall(store.registry) == {store.pod_id("b").encode(): b"b"}
+    assert await store.l2_writers(K[:2]) == {store.pod_id("a"): 2}  # the raw id remains
+
+
 async def test_store_recovers_when_redis_forgot_its_scripts(store: RedisStore) -> None:
     await store.apply("a", [Stored(Tier.L0, K[:2])])
     await store.client.script_flush()
