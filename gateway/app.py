@@ -13,13 +13,16 @@ from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.responses import JSONResponse, Response
 
+from gateway.admin import add_admin_routes
 from gateway.config import Settings
 from gateway.errors import GatewayError
+from gateway.kv import KvIndex
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import Proxy
 from gateway.registry import PodRegistry
 from gateway.router import Router
 from routing.load import LoadTracker
+from routing.registry import canonical_name
 
 
 @dataclass
@@ -33,19 +36,15 @@ class Gateway:
     metrics: GatewayMetrics
     prometheus: CollectorRegistry
     client: httpx.AsyncClient
+    kv: KvIndex
 
 
 def create_app(settings: Settings) -> FastAPI:
     prometheus = CollectorRegistry()
     metrics = GatewayMetrics(prometheus)
     load = LoadTracker()
-    router = Router(
-        settings.strategy,
-        metrics,
-        load,
-        strategy_options=settings.strategy_options,
-        model_strategies=settings.model_strategies,
-    )
+    for name in [settings.strategy, *settings.model_strategies.values()]:
+        canonical_name(name)  # fail at start-up, not on the first request
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -56,13 +55,29 @@ def create_app(settings: Settings) -> FastAPI:
         )
         async with httpx.AsyncClient(limits=limits, timeout=settings.timeouts.total_s) as client:
             registry = PodRegistry(settings.pods, client, settings.health, metrics)
-            proxy = Proxy(settings, client, registry, router, load, metrics)
-            app.state.gw = Gateway(settings, registry, router, proxy, metrics, prometheus, client)
+            kv = KvIndex(settings, prometheus, client)
+            registry.on_admit(kv.pod_admitted)
+            registry.on_eject(kv.pod_ejected)
+            router = Router(
+                settings.strategy,
+                metrics,
+                load,
+                strategy_options=settings.strategy_options,
+                model_strategies=settings.model_strategies,
+                kv=kv,
+                session_header=settings.session_header,
+                session_body_field=settings.session_body_field,
+            )
+            proxy = Proxy(settings, client, registry, router, load, metrics, kv)
+            app.state.gw = Gateway(
+                settings, registry, router, proxy, metrics, prometheus, client, kv
+            )
             await registry.start()
             try:
                 yield
             finally:
                 await registry.stop()
+                await kv.close()
 
     app = FastAPI(title="kvgate", lifespan=lifespan, docs_url=None, redoc_url=None)
 
@@ -127,6 +142,7 @@ def create_app(settings: Settings) -> FastAPI:
     async def metrics_endpoint() -> Response:
         return Response(generate_latest(prometheus), media_type=CONTENT_TYPE_LATEST)
 
+    add_admin_routes(app, gw)
     return app
 
 

@@ -72,7 +72,7 @@ def _serve(args: argparse.Namespace) -> int:
 _LAZY = {
     "sim": ("bench.sim.cli", "run a simulated vLLM pod (vLLM's API, metrics and KV events)"),
     "bench": ("bench.cli", "benchmarks: gateway overhead, index, fleet, discrete-event"),
-    "index": ("kvindex.cli", "inspect the KV index: stats, prompt lookup, per-pod counts"),
+    "index": ("gateway.index_cli", "inspect the KV index: stats, prompt lookup, per-pod counts"),
 }
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextvars
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import (
@@ -88,6 +88,26 @@ class RetrySettings(BaseModel):
     backoff_s: float = 0.05  # doubled after each failed attempt
 
 
+class ModelSettings(BaseModel):
+    """Per-model facts the index needs (keyed by served model name)."""
+
+    block_size: int | None = None  # engine's --block-size; None: ``default_block_size``
+    tokenizer: str | None = None  # local dir (tokenizer.json + chat template) or HF cache id
+    tokenizer_mode: Literal["auto", "local", "engine"] = "auto"
+
+
+class IndexSettings(BaseModel):
+    """Where the KV index lives. ``memory`` is embedded; ``redis`` is shared by replicas."""
+
+    backend: Literal["memory", "redis"] = "memory"
+    capacity_keys: int = 2_000_000  # memory backend, and the local fallback of redis
+    redis_url: str | None = None  # redis://[:password@]host:port/db or rediss:// for TLS
+    namespace: str = "kvgate"
+    key_ttl_s: float = 3600.0  # every Redis block key expires unless re-stored
+    speculative_ttl_s: float = 3.0  # chosen pod holds the prompt's blocks until events confirm
+    engine_map_capacity: int = 200_000  # engine hash -> router key entries per pod
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="KVGATE_", env_nested_delimiter="__", extra="forbid"
@@ -99,6 +119,11 @@ class Settings(BaseSettings):
     strategy: str = "round-robin"
     strategy_options: dict[str, Any] = Field(default_factory=dict)
     model_strategies: dict[str, str] = Field(default_factory=dict)  # model -> strategy
+    models: dict[str, ModelSettings] = Field(default_factory=dict)
+    default_block_size: int = 16  # vLLM's default on GPU (32 is required on CPU)
+    index: IndexSettings = Field(default_factory=IndexSettings)
+    session_header: str = "x-session-id"  # session strategy: header first ...
+    session_body_field: str = "user"  # ... then this body field
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
     max_body_bytes: int = 8 * 1024 * 1024
     timeouts: Timeouts = Field(default_factory=Timeouts)

@@ -28,6 +28,7 @@ from starlette.responses import Response, StreamingResponse
 
 from gateway.config import Settings
 from gateway.errors import GatewayError, sse_error_event
+from gateway.kv import KvIndex
 from gateway.metrics import GatewayMetrics
 from gateway.openai_body import Kind, ParsedRequest, parse_body
 from gateway.registry import Pod, PodRegistry
@@ -91,7 +92,9 @@ class Proxy:
         router: Router,
         load: LoadTracker,
         metrics: GatewayMetrics,
+        kv: KvIndex | None = None,
     ) -> None:
+        self._kv = kv
         self._s = settings
         self._client = client
         self._registry = registry
@@ -154,7 +157,9 @@ class Proxy:
         self, request: Request, parsed: ParsedRequest, model: str, request_id: str, arrived: float
     ) -> Response:
         strategy = self._router.strategy_for(model).name
-        req = self._router.route_request(parsed, request_id)
+        req, lookup = await self._router.prepare(
+            parsed, model, request_id, request.headers, self._registry.healthy_for(model)
+        )
         tried: set[str] = set()
         backoff = self._s.retry.backoff_s
         last_error: GatewayError | None = None
@@ -162,8 +167,10 @@ class Proxy:
             candidates = [p for p in self._registry.healthy_for(model) if p.name not in tried]
             if not candidates:
                 break
-            decision = self._router.choose(req, candidates)
+            decision = self._router.choose(req, candidates, lookup.match if lookup else None)
             pod = self._registry.get(decision.pod) or candidates[0]
+            if lookup is not None and decision.speculate_blocks and self._kv is not None:
+                await self._kv.speculate(pod.name, lookup.keys[: decision.speculate_blocks])
             tried.add(pod.name)
             prefill = max(0, req.prompt_tokens - decision.predicted_cached_tokens)
             attempt = _Attempt(

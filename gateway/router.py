@@ -9,13 +9,15 @@ and records decision metrics. Strategies themselves stay pure in ``routing/``.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
+from gateway.kv import KvIndex, Lookup
 from gateway.metrics import GatewayMetrics
 from gateway.openai_body import ParsedRequest
 from gateway.registry import Pod
 from kvindex.types import PrefixMatch
 from routing.load import LoadTracker
+from routing.prefix_hash import chat_prefix_hashes, text_prefix_hashes
 from routing.registry import build_strategy, canonical_name
 from routing.types import Decision, Outcome, PodView, RouteRequest, Strategy
 
@@ -30,7 +32,13 @@ class Router:
         load: LoadTracker,
         strategy_options: dict[str, dict[str, object]] | None = None,
         model_strategies: dict[str, str] | None = None,
+        kv: KvIndex | None = None,
+        session_header: str = "x-session-id",
+        session_body_field: str = "user",
     ) -> None:
+        self._kv = kv
+        self._session_header = session_header.lower()
+        self._session_field = session_body_field
         self._metrics = metrics
         self._load = load
         self._options = strategy_options or {}
@@ -46,13 +54,37 @@ class Router:
     def strategy_for(self, model: str) -> Strategy:
         return self._per_model.get(model, self._default)
 
-    def route_request(self, parsed: ParsedRequest, request_id: str) -> RouteRequest:
-        return RouteRequest(
-            model=parsed.model or "",
+    async def prepare(
+        self,
+        parsed: ParsedRequest,
+        model: str,
+        request_id: str,
+        headers: Mapping[str, str],
+        pods: list[Pod],
+    ) -> tuple[RouteRequest, Lookup | None]:
+        """Build what the model's strategy needs, and only that (tokens cost time)."""
+        strategy = self.strategy_for(model)
+        req = RouteRequest(
+            model=model,
             request_id=request_id,
             prompt_tokens=parsed.approx_prompt_chars() // CHARS_PER_TOKEN,
             stream=parsed.stream,
         )
+        lookup = None
+        if getattr(strategy, "uses_index", False) and self._kv is not None:
+            lookup = await self._kv.lookup(parsed, model, pods)
+            if lookup is not None:
+                req.prompt_tokens = len(lookup.token_ids)
+                req.block_keys = lookup.keys
+        if getattr(strategy, "uses_prefix_hashes", False):
+            if parsed.kind == "chat":
+                req.prefix_hashes = chat_prefix_hashes(parsed.body["messages"])
+            else:
+                req.prefix_hashes = text_prefix_hashes(parsed.body.get("prompt"))
+        if getattr(strategy, "uses_session", False):
+            key = headers.get(self._session_header) or parsed.body.get(self._session_field)
+            req.session_key = str(key) if key else None
+        return req, lookup
 
     def pod_views(self, pods: Iterable[Pod]) -> list[PodView]:
         views = []

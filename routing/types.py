@@ -89,6 +89,10 @@ class Strategy(Protocol):
     """One routing policy. Implementations live one per file in ``routing.strategies``."""
 
     name: str
+    # What the gateway must compute before ``choose`` (all default False; a class
+    # attribute set to True asks for it): ``uses_index`` (token ids, block keys and
+    # the index's PrefixMatch), ``uses_prefix_hashes`` (chunk hashes of the rendered
+    # prompt), ``uses_session`` (a session key from a header or body field).
 
     def choose(
         self,

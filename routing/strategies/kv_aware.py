@@ -58,6 +58,7 @@ class KvAware:
     """Minimum predicted TTFT over the candidates, from the KV index and a cost model."""
 
     name = "kv-aware"
+    uses_index = True  # the gateway tokenizes, keys and looks the prompt up
 
     def __init__(
         self,

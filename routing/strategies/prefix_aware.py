@@ -41,6 +41,7 @@ class PrefixAware:
     """Approximate prefix affinity over remembered chunk hashes, gated by load."""
 
     name = "prefix-aware"
+    uses_prefix_hashes = True  # the gateway hashes chunks of the rendered prompt
 
     def __init__(
         self,

@@ -39,6 +39,7 @@ class SessionAffinity:
     """Sticky routing by session key with consistent (rendezvous) hashing."""
 
     name = "session"
+    uses_session = True  # the gateway fills session_key from a header or body field
 
     def __init__(
         self,

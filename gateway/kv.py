@@ -1,0 +1,245 @@
+"""The gateway's view of what is cached where.
+
+Glue between the service and ``kvindex``: per-model tokenization and block keys,
+the index store (embedded memory, or Redis shared by replicas with a local
+fallback), one KV-event subscriber per pod, and HTTP event ingestion. Routing
+asks ``lookup`` for a request's token ids, keys and ``PrefixMatch``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from prometheus_client import CollectorRegistry, Counter
+
+from gateway.config import ModelSettings, Settings
+from gateway.openai_body import ParsedRequest
+from gateway.registry import Pod
+from kvindex.events.http_ingest import decode_http_events
+from kvindex.events.ingest import PodIngestor
+from kvindex.events.subscriber import KVEventSubscriber
+from kvindex.instrumented import InstrumentedStore
+from kvindex.keyer import BlockKeyer
+from kvindex.memory_store import MemoryStore
+from kvindex.metrics import IndexMetrics
+from kvindex.store import IndexStore
+from kvindex.tokenization.engine import EngineTokenizer
+from kvindex.tokenization.front import Tokenization
+from kvindex.tokenization.local import LocalTokenizer
+from kvindex.types import PrefixMatch
+
+log = logging.getLogger("kvgate.kv")
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """A request seen through the index: its tokens, block keys and who holds them."""
+
+    model: str
+    token_ids: list[int]
+    keys: list[int]
+    match: PrefixMatch
+    cache_salt: str | None = None
+
+
+def build_store(settings: Settings, prometheus: CollectorRegistry) -> IndexStore:
+    idx = settings.index
+    local = MemoryStore(idx.capacity_keys)
+    if idx.backend == "memory":
+        return InstrumentedStore(local, prometheus)
+    from kvindex.redis_store import RedisStore
+    from kvindex.resilient_store import ResilientMetrics, ResilientStore
+
+    if not idx.redis_url:
+        raise ValueError("index.backend is 'redis' but index.redis_url is not set")
+    redis = RedisStore(
+        idx.redis_url, namespace=idx.namespace, key_ttl_s=idx.key_ttl_s, max_keys=idx.capacity_keys
+    )
+    resilient = ResilientStore(redis, local, ResilientMetrics(prometheus))
+    return InstrumentedStore(resilient, prometheus)
+
+
+class KvIndex:
+    def __init__(
+        self, settings: Settings, prometheus: CollectorRegistry, client: httpx.AsyncClient
+    ) -> None:
+        self._s = settings
+        self._client = client
+        self.store = build_store(settings, prometheus)
+        self.event_metrics = IndexMetrics(prometheus)
+        self._tokenize_failures = Counter(
+            "kvgate_tokenize_failures",
+            "Requests routed without index lookup because tokenization failed.",
+            ["model"],
+            registry=prometheus,
+        )
+        self._keyers: dict[str, BlockKeyer] = {}
+        self._tokenizers: dict[str, Tokenization] = {}
+        self._engines: dict[str, EngineTokenizer] = {}
+        self._subscribers: dict[str, KVEventSubscriber] = {}
+        self._http_ingestors: dict[str, PodIngestor] = {}
+
+    # -- per-model pieces --
+
+    def model_settings(self, model: str) -> ModelSettings:
+        return self._s.models.get(model) or ModelSettings()
+
+    def block_size(self, model: str) -> int:
+        return self.model_settings(model).block_size or self._s.default_block_size
+
+    def keyer(self, model: str) -> BlockKeyer:
+        keyer = self._keyers.get(model)
+        if keyer is None:
+            keyer = self._keyers[model] = BlockKeyer(model, self.block_size(model))
+        return keyer
+
+    def tokenization(self, model: str) -> Tokenization:
+        tok = self._tokenizers.get(model)
+        if tok is None:
+            ms = self.model_settings(model)
+            local = (
+                LocalTokenizer(ms.tokenizer)
+                if ms.tokenizer and ms.tokenizer_mode != "engine"
+                else None
+            )
+            mode = (
+                ms.tokenizer_mode
+                if local is not None or ms.tokenizer_mode == "engine"
+                else "engine"
+            )
+            tok = self._tokenizers[model] = Tokenization(model, mode=mode, local=local)
+        return tok
+
+    def _engine_for(self, pod: Pod) -> EngineTokenizer:
+        eng = self._engines.get(pod.name)
+        if eng is None:
+            eng = self._engines[pod.name] = EngineTokenizer(
+                pod.url, client=self._client, api_key=pod.config.api_key
+            )
+        return eng
+
+    # -- requests --
+
+    async def lookup(self, parsed: ParsedRequest, model: str, pods: list[Pod]) -> Lookup | None:
+        """Tokenize like the engine, key the blocks, ask the store. None if not possible."""
+        try:
+            token_ids = await self._tokens(parsed, model, pods)
+        except Exception as exc:  # any tokenizer failure degrades to load-only routing
+            self._tokenize_failures.labels(model).inc()
+            log.debug("tokenization failed for %s: %r", model, exc)
+            return None
+        if token_ids is None:
+            return None
+        salt = parsed.body.get("cache_salt")
+        salt = salt if isinstance(salt, str) and salt else None
+        keys = self.keyer(model).keys_for(token_ids, None, salt)
+        match = await self.store.match(keys, self.block_size(model))
+        return Lookup(model, token_ids, keys, match, salt)
+
+    async def _tokens(self, parsed: ParsedRequest, model: str, pods: list[Pod]) -> list[int] | None:
+        tok = self.tokenization(model)
+        engine = self._engine_for(pods[0]) if pods else None
+        body = parsed.body
+        if parsed.kind == "chat":
+            return await tok.chat(
+                body["messages"],
+                add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+                continue_final_message=bool(body.get("continue_final_message", False)),
+                add_special_tokens=bool(body.get("add_special_tokens", False)),
+                chat_template_kwargs=_mapping(body.get("chat_template_kwargs")),
+                tools=body.get("tools") if isinstance(body.get("tools"), list) else None,
+                engine=engine,
+            )
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1:
+            prompt = prompt[0]  # a batch of one
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        if isinstance(prompt, str):
+            add_special = bool(body.get("add_special_tokens", True))
+            return await tok.completion(prompt, add_special_tokens=add_special, engine=engine)
+        return None  # batched prompts are not routed by cache
+
+    async def speculate(self, pod: str, keys: list[int]) -> None:
+        speculate = getattr(self.store, "speculate", None)
+        if speculate is not None and keys:
+            await speculate(pod, keys, self._s.index.speculative_ttl_s)
+
+    # -- pods and events --
+
+    async def pod_admitted(self, pod: Pod) -> None:
+        """Start following a pod's KV events once we know which model it serves."""
+        cfg = pod.config
+        if not cfg.kv_events or pod.name in self._subscribers:
+            return
+        model = _base_model(pod)
+        if model is None:
+            log.warning("pod %s publishes KV events but serves no known model", pod.name)
+            return
+        sub = KVEventSubscriber(
+            pod.name,
+            cfg.kv_events,
+            cfg.kv_replay,
+            self.keyer(model),
+            self.store,
+            self.event_metrics,
+            dp_size=cfg.dp_ranks,
+            map_capacity=self._s.index.engine_map_capacity,
+        )
+        self._subscribers[pod.name] = sub
+        await sub.start()
+        log.info("following KV events of %s at %s", pod.name, cfg.kv_events)
+
+    async def pod_ejected(self, pod: Pod) -> None:
+        """An ejected pod's cache is unknown (it may have restarted): forget it."""
+        await self.store.drop_pod(pod.name)
+
+    async def pod_removed(self, name: str) -> None:
+        sub = self._subscribers.pop(name, None)
+        if sub is not None:
+            await sub.stop()
+        self._http_ingestors.pop(name, None)
+        await self.store.drop_pod(name)
+
+    async def ingest_http(self, pod: Pod, body: bytes, content_type: str) -> int:
+        """``POST /admin/kv-events``: batches in vLLM's schema as msgpack or JSON."""
+        batches = decode_http_events(body, content_type)
+        ingestor = self._http_ingestors.get(pod.name)
+        if ingestor is None:
+            model = _base_model(pod)
+            if model is None:
+                raise ValueError(f"pod {pod.name} serves no known model yet")
+            ingestor = self._http_ingestors[pod.name] = PodIngestor(
+                pod.name,
+                self.keyer(model),
+                self.store,
+                self.event_metrics,
+                self._s.index.engine_map_capacity,
+            )
+        applied = 0
+        for batch in batches:
+            applied += await ingestor.apply_batch(batch, batch.dp_rank or 0)
+        return applied
+
+    def subscriber_stats(self) -> dict[str, Any]:
+        return {name: sub.stats for name, sub in self._subscribers.items()}
+
+    async def close(self) -> None:
+        for sub in self._subscribers.values():
+            await sub.stop()
+        self._subscribers.clear()
+        await self.store.close()
+
+
+def _base_model(pod: Pod) -> str | None:
+    """The model the engine itself serves (LoRA adapters list a ``parent``)."""
+    bases = [m for m in sorted(pod.models) if not (pod.model_cards.get(m) or {}).get("parent")]
+    return bases[0] if bases else None
+
+
+def _mapping(value: Any) -> Mapping[str, Any] | None:
+    return value if isinstance(value, dict) else None
