@@ -47,7 +47,7 @@ from kvindex.store import Cleared, IndexOp, IndexStats, Removed, Stored
 from kvindex.types import PodPrefix, PrefixMatch, Tier
 
 _MAX_KEY = 1 << 64
-_KEYS_PER_CALL = 4096  # bounds how long one apply script blocks Redis (~10 ms)
+_KEYS_PER_CALL = 256  # bounds how long one apply script blocks lookups (~1 ms)
 _POD_ID_CACHE = 4096
 _TIER_MASK = {Tier.L0: 1, Tier.L1: 2, Tier.L2: 4}
 
