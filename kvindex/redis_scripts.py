@@ -16,7 +16,10 @@ Keys travel as ONE argument: the block key names concatenated, all of the same
 length ``len`` (``{kvgate:<ns>}:b:`` + 16 hex digits). redis-py packs arguments
 in pure Python (~0.7 µs each), so 2048 separate KEYS would cost more than the
 lookup itself. Every name carries the same hash tag, so they all live in the
-slot of ``KEYS[1]`` (the first name), which is what Redis Cluster routes on.
+slot of ``KEYS[1]`` (the first name), which is what Redis Cluster routes on;
+open-source Redis (standalone and Cluster) lets a legacy EVAL script touch
+undeclared keys of its own slot. Proxies that insist on every key in KEYS
+(some managed "cluster" offerings) would need the names passed as KEYS.
 
 The lookup walks the names in growing MGET chunks (64, 128, … 1024) so a short
 match reads few keys, and only re-parses a value when it differs from the

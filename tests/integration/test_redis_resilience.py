@@ -14,7 +14,7 @@ from kvindex.redis_store import RedisStore
 from kvindex.resilient_store import ResilientMetrics, ResilientStore
 from kvindex.store import Removed, Stored
 from kvindex.types import PodPrefix, Tier
-from tests.redis_server import REDIS_SERVER, SKIP_REASON, RedisServer, running_redis
+from tests.redis_server import REDIS_SERVER, SKIP_REASON, RedisServer, free_port, running_redis
 
 pytestmark = [pytest.mark.redis, pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)]
 K = [0xC000 + i for i in range(16)]
@@ -145,3 +145,21 @@ async def test_drop_pod_while_down_reaches_redis_after_recovery(
     await wait_until(lambda: store.using_redis)
 
     assert (await store.match(K, 16)).pods == {"b": PodPrefix(2, 2)}
+
+
+async def test_redis_that_was_never_up_is_no_error(registry: CollectorRegistry) -> None:
+    primary = RedisStore(f"redis://127.0.0.1:{free_port()}/0", namespace=NS)
+    store = ResilientStore(primary, MemoryStore(100), ResilientMetrics(registry))
+    try:
+        await store.apply("a", [Stored(Tier.L0, K[:2])])
+        await store.speculate("b", K[:1], ttl_s=60)
+        await store.drop_pod("c")
+
+        m = await store.match(K, 16)
+        stats = await store.stats()
+
+        assert m.pods == {"a": PodPrefix(2, 2), "b": PodPrefix(1, 1)}
+        assert (stats.backend, stats.keys) == ("memory", 2)
+        assert not store.using_redis
+    finally:
+        await store.close()
