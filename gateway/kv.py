@@ -208,7 +208,9 @@ class KvIndex:
     async def ingest_http(self, pod: Pod, body: bytes, content_type: str) -> int:
         """``POST /admin/kv-events``: batches in vLLM's schema as msgpack or JSON."""
         batches = decode_http_events(body, content_type)
-        ingestor = self._http_ingestors.get(pod.name)
+        sub = self._subscribers.get(pod.name)
+        # One engine-hash map per pod, whichever way its events arrive.
+        ingestor = sub.ingestor if sub is not None else self._http_ingestors.get(pod.name)
         if ingestor is None:
             model = _base_model(pod)
             if model is None:
