@@ -22,6 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", default="round-robin")
     p.set_defaults(bench_func=_overhead)
     _add_quick(sub)
+    _add_index(sub)
 
 
 def _add_quick(sub: argparse._SubParsersAction) -> None:
@@ -45,6 +46,39 @@ def _quick(args: argparse.Namespace) -> int:
         strategies, pods=args.pods, concurrency=args.concurrency, seed=args.seed, out_dir=args.out
     )
     return 0 if all(s.errors == 0 for s in summaries) else 1
+
+
+def _add_index(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "index",
+        help="KV index: event ingestion blocks/s and lookup p50/p99 (memory and Redis)",
+    )
+    p.add_argument("--redis-url", help="benchmark RedisStore against this Redis")
+    p.add_argument(
+        "--no-redis",
+        action="store_true",
+        help="skip Redis (by default a redis-server is started on a free loopback port)",
+    )
+    p.add_argument("--lookups", type=int, default=1000)
+    p.add_argument("--ingest-blocks", type=int, default=100_000)
+    p.add_argument("--block-size", type=int, default=16)
+    p.set_defaults(bench_func=_index)
+
+
+def _index(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from bench.index_bench import run_index_benchmarks
+
+    run_index_benchmarks(
+        args.redis_url,
+        not args.no_redis,
+        args.lookups,
+        args.ingest_blocks,
+        args.block_size,
+        Console(width=140),
+    )
+    return 0
 
 
 def _overhead(args: argparse.Namespace) -> int:

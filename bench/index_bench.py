@@ -1,0 +1,67 @@
+"""``kvgate bench index``: event ingestion and lookup latency, MemoryStore and Redis.
+
+Two ingestion numbers per backend: ``store.apply`` of router-key ops alone, and the
+whole event path (msgpack frames in vLLM's wire format → decode → engine-hash
+translation → apply). Lookup latency is measured on prompts of 2k, 8k and 32k
+tokens that are fully cached, the worst case for a prefix walk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from contextlib import ExitStack
+
+from rich.console import Console
+from rich.table import Table
+
+from bench.redis_server import REDIS_SERVER, running_redis
+from kvindex.events.bench import measure_ingestion
+from kvindex.lookup_bench import print_index_bench, run_index_bench
+from kvindex.memory_store import MemoryStore
+from kvindex.redis_store import RedisStore
+from kvindex.store import IndexStore
+
+
+def run_index_benchmarks(
+    redis_url: str | None,
+    start_redis: bool,
+    lookups: int,
+    ingest_blocks: int,
+    block_size: int,
+    console: Console,
+) -> None:
+    with ExitStack() as stack:
+        if redis_url is None and start_redis:
+            if REDIS_SERVER is None:
+                console.print("[yellow]redis-server not on PATH: Redis rows skipped")
+            else:
+                redis_url = stack.enter_context(running_redis()).url
+        factories: dict[str, object] = {"memory": lambda: MemoryStore(capacity_keys=4_000_000)}
+        if redis_url:
+            factories["redis"] = lambda: RedisStore(
+                redis_url, namespace=f"bench-{uuid.uuid4().hex[:8]}", key_ttl_s=600
+            )
+        rows = []
+        event_rates: dict[str, float] = {}
+        for name, factory in factories.items():
+            rows += asyncio.run(
+                run_index_bench(
+                    factory, block_size=block_size, n_lookups=lookups, n_ingest_blocks=ingest_blocks
+                )
+            )
+            event_rates[name] = asyncio.run(_event_rate(factory(), ingest_blocks, block_size))
+        print_index_bench(rows, console)
+        table = Table(title="KV-event ingestion, vLLM wire frames → decode → translate → apply")
+        table.add_column("backend")
+        table.add_column("blocks/s", justify="right")
+        for name, rate in event_rates.items():
+            table.add_row(name, f"{rate:,.0f}")
+        console.print(table)
+
+
+async def _event_rate(store: IndexStore, n_blocks: int, block_size: int) -> float:
+    try:
+        return await measure_ingestion(store, n_blocks, block_size)
+    finally:
+        await store.close()
