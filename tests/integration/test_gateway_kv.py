@@ -185,3 +185,28 @@ def test_kv_events_over_http_are_accepted_and_garbage_is_a_400(fleet):
         )
         assert bad.status_code == 400 and "error" in bad.json()
         assert httpx.post(f"{gw}/admin/kv-events?pod=nope", content=b"[]").status_code == 404
+
+
+def readme_metric_names() -> set[str]:
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text.split("## Metrics", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"`(kvgate_[a-z_]+)`", section))
+
+
+def test_every_metric_in_the_readme_is_exported(fleet, system_prompt):
+    names = readme_metric_names()
+    assert len(names) >= 25
+    with run_gateway(
+        [(p.name, _spec(p)) for p in fleet], strategy="kv-aware", env=_env(True)
+    ) as gw:
+        client = openai.OpenAI(base_url=f"{gw}/v1", api_key="x", max_retries=0)
+        _chat(client, system_prompt, "metrics please")
+        _wait_for(lambda: "kvgate_kv_events_applied_total{" in httpx.get(f"{gw}/metrics").text)
+        exported = httpx.get(f"{gw}/metrics").text
+    declared = {line.split()[2] for line in exported.splitlines() if line.startswith("# TYPE ")}
+    redis_only = {n for n in names if "redis" in n or "fallbacks" in n}
+    missing = sorted(n for n in names - redis_only if n not in declared)
+    assert missing == []

@@ -1,0 +1,118 @@
+"""The gateway on a shared Redis index: two replicas share it; a Redis outage is survived."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from bench.prompts import text_of_tokens
+from bench.sim.launch import sim_fleet
+from bench.tinymodel import ensure_tokenizer
+from tests.gateway_proc import run_gateway
+from tests.redis_server import RedisServer, requires_redis
+
+MODEL = "kvgate-tiny-llama"
+BLOCK = 32
+pytestmark = [requires_redis, pytest.mark.redis]
+
+
+def _env(redis_url: str) -> dict[str, str]:
+    return {
+        "KVGATE_MODELS": json.dumps(
+            {MODEL: {"block_size": BLOCK, "tokenizer": str(ensure_tokenizer())}}
+        ),
+        "KVGATE_INDEX__BACKEND": "redis",
+        "KVGATE_INDEX__REDIS_URL": redis_url,
+    }
+
+
+def _spec(pod) -> str:
+    return f"{pod.url},events={pod.events_endpoint},replay={pod.replay_endpoint}"
+
+
+def _metric(url: str, name: str) -> float:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def _held_by(url: str, prompt: str) -> dict:
+    r = httpx.post(f"{url}/admin/index/lookup", json={"model": MODEL, "prompt": prompt})
+    assert r.status_code == 200, r.text
+    return r.json()["pods"]
+
+
+def _wait(predicate, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError("condition not met in time")
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    with sim_fleet(2, kv_events=True, block_size=BLOCK, default_max_tokens=2) as pods:
+        yield pods
+
+
+def test_a_second_gateway_replica_sees_what_the_first_learnt(fleet, tmp_path):
+    redis = RedisServer()
+    redis.start()
+    try:
+        env = _env(redis.url)
+        prompt = text_of_tokens(400, seed=21, tokenizer_dir=ensure_tokenizer())
+        # Replica A follows the pods' events; replica B only reads the shared index.
+        with run_gateway([(p.name, _spec(p)) for p in fleet], "kv-aware", env=env) as a:
+            with run_gateway([(p.name, p.url) for p in fleet], "kv-aware", env=env) as b:
+                home = httpx.post(
+                    f"{a}/v1/completions", json={"model": MODEL, "prompt": prompt}
+                ).headers["x-kvgate-pod"]
+                held = _wait(lambda: _held_by(b, prompt).get(home))
+                assert held["l0_blocks"] == 400 // BLOCK
+                r = httpx.post(f"{b}/v1/completions", json={"model": MODEL, "prompt": prompt})
+                assert r.headers["x-kvgate-pod"] == home
+    finally:
+        redis.cleanup()
+
+
+def test_redis_killed_mid_run_routing_continues_and_the_index_recovers(fleet):
+    redis = RedisServer()
+    redis.start()
+    try:
+        with run_gateway(
+            [(p.name, _spec(p)) for p in fleet], "kv-aware", env=_env(redis.url)
+        ) as gw:
+            tok = ensure_tokenizer()
+            before = text_of_tokens(300, seed=31, tokenizer_dir=tok)
+            assert (
+                httpx.post(
+                    f"{gw}/v1/completions", json={"model": MODEL, "prompt": before}
+                ).status_code
+                == 200
+            )
+
+            redis.kill()
+            during = text_of_tokens(300, seed=32, tokenizer_dir=tok)
+            for _ in range(5):
+                r = httpx.post(f"{gw}/v1/completions", json={"model": MODEL, "prompt": during})
+                assert r.status_code == 200
+            home = r.headers["x-kvgate-pod"]
+            # The local view still answers, and it learnt the new prompt from events.
+            assert _held_by(gw, during)[home]["l0_blocks"] == 300 // BLOCK
+            assert _metric(gw, "kvgate_index_fallbacks_total") > 0
+            assert _metric(gw, "kvgate_index_redis_up") == 0
+
+            redis.start()  # same port, empty: the gateway must resync by itself
+            _wait(lambda: _metric(gw, "kvgate_index_redis_up") == 1, timeout=15)
+            fallbacks = _metric(gw, "kvgate_index_fallbacks_total")
+            assert _held_by(gw, during)[home]["l0_blocks"] == 300 // BLOCK
+            assert _metric(gw, "kvgate_index_fallbacks_total") == fallbacks  # served by Redis
+    finally:
+        redis.cleanup()
