@@ -1,9 +1,9 @@
-"""Block-granular prefix cache of a simulated pod, as a chain of tiers.
+"""Bounded LRU block sets: the building block of a simulated pod's cache tiers.
 
-Only L0 (the engine's GPU prefix cache, KV-event medium ``GPU``) exists today;
-the chain is the seam where L1 (host DRAM, medium ``CPU``) and L2 (a directory
-shared by pods, medium ``STORAGE``) slot in: a lookup walks the tiers in order
-and each tier extends the consecutive prefix the tiers before it left off.
+``LRUTier`` holds L0 (the engine's GPU prefix cache, KV-event medium ``GPU``) and
+L1 (host DRAM, medium ``CPU``); ``bench.podmodel.TieredCache`` chains them with
+the fleet-wide L2. Keys are any hashable block id: the engine's 32-byte digests
+in the live simulator, router keys (ints) in the discrete-event simulator.
 
 Fidelity notes (vLLM 0.32, ``KVCacheManager.get_computed_blocks``):
 only full blocks are cached, and when every full block of a prompt is cached the
@@ -16,11 +16,11 @@ Freed blocks go back to the free queue tail-first, so of one request's chain the
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from bench.sim.hashing import BlockHash
+BlockId = Hashable  # engine digest (live sim) or router key (discrete-event sim)
 
 
 def max_hit_blocks(num_prompt_tokens: int, block_size: int) -> int:
@@ -32,8 +32,8 @@ def max_hit_blocks(num_prompt_tokens: int, block_size: int) -> int:
 class InsertResult:
     """What one insert did to one tier."""
 
-    stored: list[BlockHash] = field(default_factory=list)  # newly held, chain order
-    evicted: list[BlockHash] = field(default_factory=list)  # dropped, eviction order
+    stored: list[BlockId] = field(default_factory=list)  # newly held, chain order
+    evicted: list[BlockId] = field(default_factory=list)  # dropped, eviction order
     held: int = 0  # leading blocks of the inserted chain the tier now holds
 
 
@@ -46,8 +46,41 @@ class CacheTier(Protocol):
 
     def __len__(self) -> int: ...
     def __contains__(self, block_hash: object) -> bool: ...
-    def lookup(self, hashes: Sequence[BlockHash], start: int = 0) -> int: ...
-    def insert(self, hashes: Sequence[BlockHash]) -> InsertResult: ...
+    def lookup(self, hashes: Sequence[BlockId], start: int = 0) -> int: ...
+    def put(self, hashes: Sequence[BlockId]) -> InsertResult:
+        """Hold ``hashes`` in the given order, the last most recently used.
+
+        For blocks that arrive one by one (L0 evictions offloaded to L1). Only the
+        net effect is reported: a block stored and evicted by the same call is in
+        neither list, so ``stored`` and ``evicted`` are disjoint.
+        """
+        blocks = self._blocks
+        result = InsertResult()
+        for h in hashes:
+            if h in blocks:
+                blocks.move_to_end(h)
+            else:
+                blocks[h] = None
+                result.stored.append(h)
+        fresh = set(result.stored)
+        while len(blocks) > self.capacity:
+            evicted, _ = blocks.popitem(last=False)
+            if evicted in fresh:
+                fresh.discard(evicted)
+            else:
+                result.evicted.append(evicted)
+        result.stored = [h for h in result.stored if h in fresh]
+        result.held = len(result.stored)
+        return result
+
+    def touch(self, hashes: Sequence[BlockId]) -> None:
+        """Mark held blocks as just used (a hit); unknown ones are ignored."""
+        blocks = self._blocks
+        for h in reversed(hashes):
+            if h in blocks:
+                blocks.move_to_end(h)
+
+    def insert(self, hashes: Sequence[BlockId]) -> InsertResult: ...
     def clear(self) -> int: ...
 
 
@@ -61,7 +94,7 @@ class LRUTier:
         self.medium = medium
         self.capacity = capacity
         # Front = evicted next. Values unused: an ordered set.
-        self._blocks: OrderedDict[BlockHash, None] = OrderedDict()
+        self._blocks: OrderedDict[BlockId, None] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -69,7 +102,7 @@ class LRUTier:
     def __contains__(self, block_hash: object) -> bool:
         return block_hash in self._blocks
 
-    def lookup(self, hashes: Sequence[BlockHash], start: int = 0) -> int:
+    def lookup(self, hashes: Sequence[BlockId], start: int = 0) -> int:
         """Consecutive blocks held from ``hashes[start]`` on. Does not touch LRU order."""
         held = 0
         for h in hashes[start:]:
@@ -78,7 +111,40 @@ class LRUTier:
             held += 1
         return held
 
-    def insert(self, hashes: Sequence[BlockHash]) -> InsertResult:
+    def put(self, hashes: Sequence[BlockId]) -> InsertResult:
+        """Hold ``hashes`` in the given order, the last most recently used.
+
+        For blocks that arrive one by one (L0 evictions offloaded to L1). Only the
+        net effect is reported: a block stored and evicted by the same call is in
+        neither list, so ``stored`` and ``evicted`` are disjoint.
+        """
+        blocks = self._blocks
+        result = InsertResult()
+        for h in hashes:
+            if h in blocks:
+                blocks.move_to_end(h)
+            else:
+                blocks[h] = None
+                result.stored.append(h)
+        fresh = set(result.stored)
+        while len(blocks) > self.capacity:
+            evicted, _ = blocks.popitem(last=False)
+            if evicted in fresh:
+                fresh.discard(evicted)
+            else:
+                result.evicted.append(evicted)
+        result.stored = [h for h in result.stored if h in fresh]
+        result.held = len(result.stored)
+        return result
+
+    def touch(self, hashes: Sequence[BlockId]) -> None:
+        """Mark held blocks as just used (a hit); unknown ones are ignored."""
+        blocks = self._blocks
+        for h in reversed(hashes):
+            if h in blocks:
+                blocks.move_to_end(h)
+
+    def insert(self, hashes: Sequence[BlockId]) -> InsertResult:
         """Hold the chain ``hashes`` (a prefix from block 0), most recently used.
 
         Existing blocks are touched, missing ones stored; a chain longer than the
@@ -130,7 +196,7 @@ class TierChain:
     def l0(self) -> CacheTier:
         return self.tiers[0]
 
-    def lookup(self, hashes: Sequence[BlockHash], max_blocks: int | None = None) -> ChainHit:
+    def lookup(self, hashes: Sequence[BlockId], max_blocks: int | None = None) -> ChainHit:
         """Per-tier consecutive hits over ``hashes[:max_blocks]``."""
         chain = hashes if max_blocks is None else hashes[:max_blocks]
         counts: list[int] = []
@@ -141,7 +207,40 @@ class TierChain:
             start += n
         return ChainHit(tuple(counts))
 
-    def insert(self, hashes: Sequence[BlockHash]) -> InsertResult:
+    def put(self, hashes: Sequence[BlockId]) -> InsertResult:
+        """Hold ``hashes`` in the given order, the last most recently used.
+
+        For blocks that arrive one by one (L0 evictions offloaded to L1). Only the
+        net effect is reported: a block stored and evicted by the same call is in
+        neither list, so ``stored`` and ``evicted`` are disjoint.
+        """
+        blocks = self._blocks
+        result = InsertResult()
+        for h in hashes:
+            if h in blocks:
+                blocks.move_to_end(h)
+            else:
+                blocks[h] = None
+                result.stored.append(h)
+        fresh = set(result.stored)
+        while len(blocks) > self.capacity:
+            evicted, _ = blocks.popitem(last=False)
+            if evicted in fresh:
+                fresh.discard(evicted)
+            else:
+                result.evicted.append(evicted)
+        result.stored = [h for h in result.stored if h in fresh]
+        result.held = len(result.stored)
+        return result
+
+    def touch(self, hashes: Sequence[BlockId]) -> None:
+        """Mark held blocks as just used (a hit); unknown ones are ignored."""
+        blocks = self._blocks
+        for h in reversed(hashes):
+            if h in blocks:
+                blocks.move_to_end(h)
+
+    def insert(self, hashes: Sequence[BlockId]) -> InsertResult:
         """Store a computed chain in L0 (lower tiers fill by their own policies later)."""
         return self.l0.insert(hashes)
 

@@ -2,7 +2,8 @@
 
 Flags mirror vLLM's where one exists (``--port``, ``--served-model-name``,
 ``--block-size``, ``--max-num-seqs``, ``--kv-events-config`` …); the rest set the
-timing model and the L0 capacity.
+timing model (``--profile`` for a whole hardware/model set, single flags override
+it) and the cache tiers (L0 capacity, ``--l1-*`` host DRAM, ``--l2-*`` shared dir).
 """
 
 from __future__ import annotations
@@ -10,8 +11,26 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
-from bench.sim.config import KVEventsSettings, SimConfig
+from bench.podmodel import L1_POLICIES
+from bench.profiles import PROFILES, get_profile
+from bench.sim.config import L2_EVENT_MODES, KVEventsSettings, SimConfig
+
+# Flags a profile may set: flag dest -> (SimConfig field, scale from flag units).
+_TIMED = {
+    "overhead_ms": ("overhead_s", 1e-3),
+    "prefill_tokens_per_s": ("prefill_tokens_per_s", 1.0),
+    "itl_ms": ("itl_s", 1e-3),
+    "itl_per_seq_ms": ("itl_per_seq_s", 1e-3),
+    "kv_bytes_per_token": ("kv_bytes_per_token", 1),
+    "l0_capacity_blocks": ("l0_capacity_blocks", 1),
+    "max_num_seqs": ("max_num_seqs", 1),
+    "l1_latency_ms": ("l1_latency_s", 1e-3),
+    "l1_gb_per_s": ("l1_bandwidth_bytes_per_s", 1e9),
+    "l2_latency_ms": ("l2_latency_s", 1e-3),
+    "l2_gb_per_s": ("l2_bandwidth_bytes_per_s", 1e9),
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,13 +42,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--tokenizer", type=Path, default=None, help="tokenizer dir (default: the tiny one)")
     a("--block-size", type=int, default=d.block_size)
     a("--max-model-len", type=int, default=d.max_model_len)
-    a("--max-num-seqs", type=int, default=d.max_num_seqs, help="running requests; rest queue")
-    a("--l0-capacity-blocks", type=int, default=d.l0_capacity_blocks, help="GPU prefix cache")
-    a("--overhead-ms", type=float, default=d.overhead_s * 1e3, help="fixed cost per request")
-    a("--prefill-tokens-per-s", type=float, default=d.prefill_tokens_per_s)
+    a("--profile", default=None, choices=sorted(PROFILES),
+      help="hardware/model timing and capacities; single flags override it")  # fmt: skip
+    a("--max-num-seqs", type=int, default=None,
+      help=f"running requests; rest queue (default {d.max_num_seqs})")  # fmt: skip
+    a("--l0-capacity-blocks", type=int, default=None,
+      help=f"GPU prefix cache (default {d.l0_capacity_blocks})")  # fmt: skip
+    a("--overhead-ms", type=float, default=None,
+      help=f"alpha: fixed cost per prefill (default {d.overhead_s * 1e3:g})")  # fmt: skip
+    a("--prefill-tokens-per-s", type=float, default=None,
+      help=f"prefill rate (default {d.prefill_tokens_per_s:g})")  # fmt: skip
     a("--prefill-concurrency", type=int, default=d.prefill_concurrency,
       help="prefills computed at once (0: unlimited)")  # fmt: skip
-    a("--itl-ms", type=float, default=d.itl_s * 1e3, help="inter-token latency")
+    a("--itl-ms", type=float, default=None,
+      help=f"inter-token latency of a batch of one (default {d.itl_s * 1e3:g})")  # fmt: skip
+    a("--itl-per-seq-ms", type=float, default=None,
+      help="inter-token latency added per running request (default 0)")  # fmt: skip
+    a("--kv-bytes-per-token", type=int, default=None,
+      help=f"KV bytes per token, sizes loads (default {d.kv_bytes_per_token})")  # fmt: skip
+    _add_tier_arguments(parser, d)
     a("--default-max-tokens", type=int, default=d.default_max_tokens)
     a("--seed", type=int, default=d.seed, help="output token generator seed")
     a("--hash-seed", default=None,
@@ -43,6 +74,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--kv-events-bytes-hashes", action="store_true", help="raw digest hashes, not uint64")
     a("--data-parallel-rank", type=int, default=0, help="offsets event ports like vLLM")
     a("--log-level", default="warning")
+
+
+def _add_tier_arguments(parser: argparse.ArgumentParser, d: SimConfig) -> None:
+    a = parser.add_argument
+    a("--l1-capacity-blocks", type=int, default=d.l1_capacity_blocks,
+      help="host-DRAM tier (KV events medium CPU); 0 disables it")  # fmt: skip
+    a("--l1-policy", choices=L1_POLICIES, default=d.l1_policy,
+      help="write-through: every computed block; evict: what L0 evicts")  # fmt: skip
+    a("--l1-latency-ms", type=float, default=None, help="fixed cost of an L1 load")
+    a("--l1-gb-per-s", type=float, default=None, help="L1 load bandwidth, GB/s")
+    a("--l2-dir", type=Path, default=None,
+      help="directory shared by the fleet's pods: enables L2 (medium STORAGE, REMOTE)")  # fmt: skip
+    a("--l2-capacity-blocks", type=int, default=d.l2_capacity_blocks,
+      help="files the L2 directory keeps (least recently used go first)")  # fmt: skip
+    a("--l2-latency-ms", type=float, default=None, help="fixed cost of an L2 load")
+    a("--l2-gb-per-s", type=float, default=None, help="L2 load bandwidth, GB/s")
+    a("--l2-hash-seed", default=d.l2_hash_seed,
+      help="block-hash seed of L2 file names; the same on every pod of a fleet")  # fmt: skip
+    a("--l2-events", choices=L2_EVENT_MODES, default=d.l2_events,
+      help="storage: STORAGE/REMOTE KV events; none: like LMCache fs://, no events")  # fmt: skip
+    a("--pod-name", default="", help="this pod's name, written into its L2 files")
 
 
 def parse_kv_events(
@@ -66,25 +118,40 @@ def parse_kv_events(
     )
 
 
+def timing_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """Profile values (if any) overlaid by every timing/capacity flag actually given."""
+    settings: dict[str, Any] = {}
+    if args.profile:
+        settings.update(get_profile(args.profile).sim_settings(args.block_size))
+    for dest, (name, scale) in _TIMED.items():
+        value = getattr(args, dest, None)
+        if value is not None:
+            settings[name] = value * scale if scale != 1 else value
+    return settings
+
+
 def config_from_args(args: argparse.Namespace) -> SimConfig:
-    extra = {} if args.hash_seed is None else {"hash_seed": args.hash_seed}
+    extra: dict[str, Any] = {} if args.hash_seed is None else {"hash_seed": args.hash_seed}
     return SimConfig(
         model=args.served_model_name,
         tokenizer=args.tokenizer,
         max_model_len=args.max_model_len,
         block_size=args.block_size,
-        l0_capacity_blocks=args.l0_capacity_blocks,
-        overhead_s=args.overhead_ms / 1e3,
-        prefill_tokens_per_s=args.prefill_tokens_per_s,
         prefill_concurrency=args.prefill_concurrency,
-        itl_s=args.itl_ms / 1e3,
         default_max_tokens=args.default_max_tokens,
-        max_num_seqs=args.max_num_seqs,
         seed=args.seed,
         kv_events=parse_kv_events(
             args.kv_events_config, args.kv_events_old_shape, args.kv_events_bytes_hashes
         ),
         data_parallel_rank=args.data_parallel_rank,
+        l1_capacity_blocks=args.l1_capacity_blocks,
+        l1_policy=args.l1_policy,
+        l2_dir=args.l2_dir,
+        l2_capacity_blocks=args.l2_capacity_blocks,
+        l2_hash_seed=args.l2_hash_seed,
+        l2_events=args.l2_events,
+        pod_name=args.pod_name or f"{args.host}:{args.port}",
+        **timing_settings(args),
         **extra,
     )
 

@@ -2,9 +2,10 @@
 
 The simulator stands in for what a CPU machine cannot do (GPU timing, many pods,
 cache tiers), so every knob here is either a vLLM setting it mirrors (model name,
-block size, max-num-seqs, KV-events config) or a timing constant of the simple
-cost model it plays back: ``TTFT = queueing + overhead_s + uncached / prefill_rate``
-and one output token every ``itl_s``.
+block size, max-num-seqs, KV-events config) or a constant of the timing model it
+plays back (``bench.podmodel``): ``TTFT = queueing + tier loads + overhead_s +
+uncached / prefill_rate``, one output token every ``itl_s + itl_per_seq_s x
+running``. ``bench.profiles`` holds sets of these constants for real hardware.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.podmodel import L1_POLICIES, PodTiming, TierTiming
 from bench.tinymodel import MODEL_NAME
+
+L2_EVENT_MODES = ("storage", "none")  # STORAGE/REMOTE events, or none (LMCache fs://)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +50,24 @@ class SimConfig:
     # Timing model.
     overhead_s: float = 0.002  # alpha: fixed per-request scheduling/launch cost
     prefill_tokens_per_s: float = 50_000.0
-    itl_s: float = 0.001  # inter-token latency while decoding
+    itl_s: float = 0.001  # inter-token latency of a batch of one
+    itl_per_seq_s: float = 0.0  # added per running request (decode slows with batch)
+    kv_bytes_per_token: int = 57_344  # Qwen2-7B fp16 (56 KiB); sizes tier transfers
+    # L1: host DRAM, this pod only (vLLM native CPU offloading; medium "CPU").
+    l1_capacity_blocks: int = 0  # 0: no L1
+    l1_policy: str = "write-through"  # or "evict": offload what L0 evicts
+    l1_latency_s: float = 0.001
+    l1_bandwidth_bytes_per_s: float = 16e9
+    # L2: a directory every pod of the fleet shares (medium "STORAGE", locality "REMOTE").
+    l2_dir: Path | None = None  # None: no L2
+    l2_capacity_blocks: int = 100_000  # files kept in the directory, whole fleet
+    l2_latency_s: float = 0.005
+    l2_bandwidth_bytes_per_s: float = 2e9
+    # File names are block hashes under this seed, so every pod names a block alike
+    # (LMCache needs PYTHONHASHSEED=0 on every pod for the same reason).
+    l2_hash_seed: str = "kvgate-l2"
+    l2_events: str = "storage"
+    pod_name: str = ""  # written into L2 files, to count cross-pod hits
     prefill_concurrency: int = 1  # prefills computed at once (0 = unlimited)
     default_max_tokens: int = 16
     max_num_seqs: int = 256  # running requests; the rest wait in a FIFO queue
@@ -68,8 +89,27 @@ class SimConfig:
             raise ValueError("prefill_tokens_per_s must be positive")
         if self.max_num_seqs <= 0:
             raise ValueError("max_num_seqs must be positive")
-        if min(self.overhead_s, self.itl_s) < 0:
+        if min(self.overhead_s, self.itl_s, self.itl_per_seq_s) < 0:
             raise ValueError("timings must not be negative")
+        if self.l1_capacity_blocks < 0 or self.l2_capacity_blocks <= 0:
+            raise ValueError("l1 capacity must be >= 0 and l2 capacity > 0")
+        if self.l1_policy not in L1_POLICIES:
+            raise ValueError(f"l1_policy must be one of {L1_POLICIES}")
+        if self.l2_events not in L2_EVENT_MODES:
+            raise ValueError(f"l2_events must be one of {L2_EVENT_MODES}")
+        self.timing()  # validates the tier numbers
+
+    def timing(self) -> PodTiming:
+        """The pure timing model these settings describe."""
+        return PodTiming(
+            overhead_s=self.overhead_s,
+            prefill_tokens_per_s=self.prefill_tokens_per_s,
+            kv_bytes_per_token=self.kv_bytes_per_token,
+            l1=TierTiming(self.l1_latency_s, self.l1_bandwidth_bytes_per_s),
+            l2=TierTiming(self.l2_latency_s, self.l2_bandwidth_bytes_per_s),
+            itl_base_s=self.itl_s,
+            itl_per_seq_s=self.itl_per_seq_s,
+        )
 
     def tokenizer_dir(self) -> Path:
         """The tokenizer directory, building the tiny one on first use."""

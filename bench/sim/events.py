@@ -150,6 +150,31 @@ class EventFactory:
         # vLLM sends one BlockRemoved per evicted hash.
         return BlockRemoved(block_hashes=[self.ext(block_hash)], medium=medium, group_idx=0)
 
+    def offload_stored(
+        self, block_hash: BlockHash, medium: str, locality: str | None = None
+    ) -> BlockStored:
+        """A block stored in an offload tier, as vLLM's OffloadingConnector reports it.
+
+        ``take_events`` there: one hash, no parent, empty ``token_ids``, ``block_size``
+        0, the tier's medium, in the GPU events' hash space; ``locality`` tells a
+        shared (``REMOTE``) storage tier from a pod-local one.
+        """
+        return BlockStored(
+            block_hashes=[self.ext(block_hash)],
+            parent_block_hash=None,
+            token_ids=[],
+            block_size=0,
+            lora_id=None,
+            medium=medium,
+            lora_name=None,
+            locality=locality,
+        )
+
+    def offload_removed(
+        self, block_hash: BlockHash, medium: str, locality: str | None = None
+    ) -> BlockRemoved:
+        return BlockRemoved(block_hashes=[self.ext(block_hash)], medium=medium, locality=locality)
+
 
 def offset_endpoint_port(endpoint: str | None, rank: int) -> str | None:
     """vLLM's rule: data-parallel rank r publishes on port + r (port 0 left alone)."""

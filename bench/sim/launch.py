@@ -25,7 +25,15 @@ from typing import Any
 
 import httpx
 
-_SCALED = {"overhead_s": ("--overhead-ms", 1e3), "itl_s": ("--itl-ms", 1e3)}
+_SCALED = {
+    "overhead_s": ("--overhead-ms", 1e3),
+    "itl_s": ("--itl-ms", 1e3),
+    "itl_per_seq_s": ("--itl-per-seq-ms", 1e3),
+    "l1_latency_s": ("--l1-latency-ms", 1e3),
+    "l2_latency_s": ("--l2-latency-ms", 1e3),
+    "l1_bandwidth_bytes_per_s": ("--l1-gb-per-s", 1e-9),
+    "l2_bandwidth_bytes_per_s": ("--l2-gb-per-s", 1e-9),
+}
 _RENAMED = {"model": "--served-model-name"}
 _EVENT_KEYS = ("kv_events", "kv_events_old_shape", "kv_events_bytes_hashes", "topic")
 

@@ -23,6 +23,7 @@ REQUEST_LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
     40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 _LABELS = ("model_name", "engine")
 
@@ -65,6 +66,25 @@ class SimMetrics:
         self.prefix_cache_hits = counter(
             "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
         )
+        # KV connector (offloading) lookups: tokens the local cache did not cover, and
+        # the part of them the connector served (vLLM 0.32 ``connector_prefix_cache_stats``).
+        self.external_prefix_cache_queries = counter(
+            "vllm:external_prefix_cache_queries",
+            "External prefix cache queries from KV connector cross-instance cache sharing, "
+            "in terms of number of queried tokens.",
+        )
+        self.external_prefix_cache_hits = counter(
+            "vllm:external_prefix_cache_hits",
+            "External prefix cache hits from KV connector cross-instance cache sharing, "
+            "in terms of number of cached tokens.",
+        )
+        by_source = Counter(
+            "vllm:prompt_tokens_by_source",
+            "Number of prompt tokens by source.",
+            (*_LABELS, "source"),
+            registry=reg,
+        )
+        self.by_source = {src: by_source.labels(*lv, src) for src in PROMPT_SOURCES}
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.prompt_tokens_cached = counter(
             "vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external)."
