@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.admin import add_admin_routes
 from gateway.config import Settings
+from gateway.discovery import DiscoveryMetrics, PodDiscovery, RegistrySink
 from gateway.errors import GatewayError
 from gateway.kv import KvIndex
 from gateway.metrics import GatewayMetrics
@@ -73,9 +74,16 @@ def create_app(settings: Settings) -> FastAPI:
                 settings, registry, router, proxy, metrics, prometheus, client, kv
             )
             await registry.start()
+            discovery = None
+            if settings.discovery.enabled:  # pods come and go with Kubernetes readiness
+                sink = RegistrySink(registry, kv)
+                discovery = PodDiscovery(settings.discovery, sink, DiscoveryMetrics(prometheus))
+                await discovery.start()
             try:
                 yield
             finally:
+                if discovery is not None:
+                    await discovery.stop()
                 await registry.stop()
                 await kv.close()
 

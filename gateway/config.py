@@ -108,6 +108,28 @@ class IndexSettings(BaseModel):
     engine_map_capacity: int = 200_000  # engine hash -> router key entries per pod
 
 
+class DiscoverySettings(BaseModel):
+    """Kubernetes pod discovery (``gateway/discovery.py``): pods join routing when Ready."""
+
+    enabled: bool = False
+    namespace: str = ""  # empty: the gateway's own namespace in-cluster, else "default"
+    label_selector: str = "kvgate.io/pool=default"
+    kubeconfig: str | None = None  # None: in-cluster service account, then ~/.kube/config
+    scheme: Literal["http", "https"] = "http"
+    port_name: str = "http"  # named container port that serves the OpenAI API ...
+    port_annotation: str = "kvgate.io/port"  # ... unless this annotation gives a number
+    default_port: int = 8000  # neither present: vLLM's default
+    model_label: str = "kvgate.io/model"  # label values cannot hold "/" ...
+    model_annotation: str = "kvgate.io/model"  # ... so an annotation wins (org/model names)
+    kv_events_annotation: str = "kvgate.io/kv-events-port"  # vLLM's ZMQ PUB port
+    kv_replay_annotation: str = "kvgate.io/kv-replay-port"  # vLLM's replay ROUTER port
+    dp_ranks_annotation: str = "kvgate.io/dp-ranks"
+    max_pods: int = 1000  # pods beyond this are counted and skipped
+    watch_timeout_s: int = 300  # server-side watch timeout; the watch resumes from its version
+    backoff_initial_s: float = 0.5  # after an API error; doubled up to backoff_max_s
+    backoff_max_s: float = 30.0
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="KVGATE_", env_nested_delimiter="__", extra="forbid"
@@ -129,6 +151,7 @@ class Settings(BaseSettings):
     timeouts: Timeouts = Field(default_factory=Timeouts)
     health: HealthSettings = Field(default_factory=HealthSettings)
     retry: RetrySettings = Field(default_factory=RetrySettings)
+    discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     max_connections_per_pod: int = 1000
     log_level: str = "info"
 
