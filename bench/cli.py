@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,26 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_quick(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "quick",
-        help="simulated fleet + kvgate, short shared-prefix workload, table per strategy",
-    )
-    p.add_argument("--strategies", default="round-robin,least-loaded")
-    p.add_argument("--pods", type=int, default=3)
-    p.add_argument("--concurrency", type=int, default=6)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=Path("reports/quick"))
-    p.set_defaults(bench_func=_quick)
+    from bench.fleet_cli import add_fleet, add_quick
 
-
-def _quick(args: argparse.Namespace) -> int:
-    from bench.quick import run_quick
-
-    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    summaries = run_quick(
-        strategies, pods=args.pods, concurrency=args.concurrency, seed=args.seed, out_dir=args.out
-    )
-    return 0 if all(s.errors == 0 for s in summaries) else 1
+    add_quick(sub)
+    add_fleet(sub)
 
 
 def _add_index(sub: argparse._SubParsersAction) -> None:

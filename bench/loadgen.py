@@ -1,9 +1,10 @@
-"""Load generator: sends chat requests through a gateway with the official client.
+"""Load generator: sends chat requests through a router with the official client.
 
 Closed loop (N concurrent users, each sending its next request when the previous
 one finished) or open loop (requests start at given offsets, e.g. Poisson or a
-trace's timestamps). Every request streams, so TTFT is the client-observed time to
-the first content chunk; usage (with cached tokens) comes from the final chunk.
+trace's timestamps, whether or not earlier ones finished). Every request streams,
+so TTFT is the client-observed time to the first content chunk; usage (with
+cached tokens) comes from the final chunk. Prompt text is never kept in results.
 """
 
 from __future__ import annotations
@@ -13,8 +14,19 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import httpx
 import openai
-from rich.progress import Progress
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+# usage.prompt_tokens_details keys vLLM defines; any other integer key there
+# (a simulator's per-tier split, say) is kept in RequestResult.details.
+_STANDARD_DETAILS = {"cached_tokens", "audio_tokens", "created_cache_tokens", "multimodal_tokens"}
 
 
 @dataclass(frozen=True)
@@ -31,19 +43,47 @@ class RequestResult:
     index: int
     ok: bool
     pod: str = ""
+    sent_s: float = 0.0  # offset from the run's start
     ttft_s: float = 0.0
     e2e_s: float = 0.0
     prompt_tokens: int = 0
     cached_tokens: int = 0
     predicted_cached_tokens: int | None = None
+    details: dict[str, int] = field(default_factory=dict)
     error: str = ""
 
 
-async def _one(client: openai.AsyncOpenAI, model: str, i: int, req: ChatRequest) -> RequestResult:
+def make_client(base_url: str, timeout_s: float = 300.0) -> openai.AsyncOpenAI:
+    """One client per run: no retries (a retry would hide errors), generous pool."""
+    limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
+    return openai.AsyncOpenAI(
+        base_url=f"{base_url}/v1",
+        api_key="kvgate-bench",
+        max_retries=0,
+        timeout=timeout_s,
+        http_client=httpx.AsyncClient(limits=limits, timeout=timeout_s),
+    )
+
+
+def _usage(result: RequestResult, usage: object) -> None:
+    result.prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
+    details = getattr(usage, "prompt_tokens_details", None)
+    if details is None:
+        return
+    result.cached_tokens = int(getattr(details, "cached_tokens", 0) or 0)
+    extra = getattr(details, "model_extra", None) or {}
+    for key, value in extra.items():
+        if key not in _STANDARD_DETAILS and isinstance(value, int):
+            result.details[key] = value
+
+
+async def send_one(
+    client: openai.AsyncOpenAI, model: str, i: int, req: ChatRequest, t0: float
+) -> RequestResult:
+    """Stream one chat completion and measure it; errors become results, never raise."""
     started = time.perf_counter()
-    kwargs: dict[str, object] = {}
-    if req.user:
-        kwargs["user"] = req.user
+    result = RequestResult(index=i, ok=True, sent_s=started - t0)
+    kwargs: dict[str, object] = {"user": req.user} if req.user else {}
     try:
         raw = await client.chat.completions.with_raw_response.create(
             model=model,
@@ -54,23 +94,32 @@ async def _one(client: openai.AsyncOpenAI, model: str, i: int, req: ChatRequest)
             extra_body=req.extra or None,
             **kwargs,  # type: ignore[arg-type]
         )
-        result = RequestResult(index=i, ok=True, pod=raw.headers.get("x-kvgate-pod", ""))
+        result.pod = raw.headers.get("x-kvgate-pod", "")
         predicted = raw.headers.get("x-kvgate-predicted-cached-tokens")
         result.predicted_cached_tokens = int(predicted) if predicted is not None else None
-        stream = raw.parse()
-        async for chunk in stream:
+        async for chunk in raw.parse():
             if result.ttft_s == 0.0 and chunk.choices:
                 result.ttft_s = time.perf_counter() - started
             if chunk.usage is not None:
-                result.prompt_tokens = chunk.usage.prompt_tokens
-                details = chunk.usage.prompt_tokens_details
-                result.cached_tokens = (details.cached_tokens or 0) if details else 0
-        result.e2e_s = time.perf_counter() - started
-        return result
-    except openai.APIError as exc:
-        return RequestResult(
-            index=i, ok=False, e2e_s=time.perf_counter() - started, error=str(exc)[:200]
-        )
+                _usage(result, chunk.usage)
+    except (openai.APIError, httpx.HTTPError) as exc:
+        result.ok = False
+        result.error = f"{type(exc).__name__}: {str(exc)[:160]}"
+    result.e2e_s = time.perf_counter() - started
+    if result.ok and result.ttft_s == 0.0:
+        result.ttft_s = result.e2e_s  # no content chunk: the whole answer was the first byte
+    return result
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("errors {task.fields[errors]}"),
+        TimeElapsedColumn(),
+        transient=True,
+    )
 
 
 async def run_closed_loop(
@@ -81,42 +130,48 @@ async def run_closed_loop(
     label: str = "requests",
 ) -> list[RequestResult]:
     """Each session's requests run in order; up to ``concurrency`` sessions at once."""
-    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="kvgate-bench", max_retries=0)
+    client = make_client(base_url)
     total = sum(len(s) for s in sessions)
     results: list[RequestResult] = []
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for s in range(len(sessions)):
-        queue.put_nowait(s)
-    with Progress() as progress:
-        task = progress.add_task(label, total=total)
+    pending = list(range(len(sessions)))[::-1]
+    sent = errors = 0
+    t0 = time.perf_counter()
+    with _progress() as progress:
+        task = progress.add_task(label, total=total, errors=0)
 
         async def user() -> None:
-            while not queue.empty():
-                s = queue.get_nowait()
-                for req in sessions[s]:
-                    results.append(await _one(client, model, len(results), req))
-                    progress.advance(task)
+            nonlocal sent, errors
+            while pending:
+                for req in sessions[pending.pop()]:
+                    sent += 1
+                    r = await send_one(client, model, sent - 1, req, t0)
+                    results.append(r)
+                    errors += not r.ok
+                    progress.update(task, advance=1, errors=errors)
 
         await asyncio.gather(*(user() for _ in range(max(1, concurrency))))
     await client.close()
-    return results
+    return sorted(results, key=lambda r: r.index)
 
 
 async def run_open_loop(
     base_url: str, model: str, requests: Sequence[ChatRequest], label: str = "requests"
 ) -> list[RequestResult]:
     """Start each request at its ``at_s`` offset regardless of earlier ones."""
-    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="kvgate-bench", max_retries=0)
-    start = time.perf_counter()
-    with Progress() as progress:
-        task = progress.add_task(label, total=len(requests))
+    client = make_client(base_url)
+    t0 = time.perf_counter()
+    errors = 0
+    with _progress() as progress:
+        task = progress.add_task(label, total=len(requests), errors=0)
 
         async def fire(i: int, req: ChatRequest) -> RequestResult:
-            delay = req.at_s - (time.perf_counter() - start)
+            nonlocal errors
+            delay = req.at_s - (time.perf_counter() - t0)
             if delay > 0:
                 await asyncio.sleep(delay)
-            r = await _one(client, model, i, req)
-            progress.advance(task)
+            r = await send_one(client, model, i, req, t0)
+            errors += not r.ok
+            progress.update(task, advance=1, errors=errors)
             return r
 
         results = await asyncio.gather(*(fire(i, r) for i, r in enumerate(requests)))

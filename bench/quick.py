@@ -1,79 +1,122 @@
-"""``kvgate bench quick``: the README's first command.
+"""Presets of the fleet benchmark, and ``kvgate bench quick`` (the README's first command).
 
-Starts a few simulated pods and kvgate in front of them, sends a short shared-prefix
-chat workload once per routing strategy (fresh pods each time, so no strategy
-inherits another's cache), and prints a table of TTFT, cached tokens and requests
-per pod. No external services are needed.
+``quick`` is ``kvgate bench fleet --preset quick``: 4 simulated pods, the RAG and
+shared-prefix workloads, every kvgate strategy, Poisson load near round-robin's
+saturation, a few minutes on 2 cores. It prints the headline table and where
+the report went.
+
+Why these numbers: pods are prefill-bound like a 7B model on one A10G (the
+original deployment: ~4k prompt tokens/s, ~20 ms fixed, 10 ms per output token,
+one prefill at a time), and each pod's L0 holds about half of the hot prefixes
+while the fleet's L0 holds all of them. Round-robin then recomputes often and
+queues; a cache-aware router partitions the prefixes and mostly loads them.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import time
-from dataclasses import asdict
+import shlex
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from bench.gateway_proc import run_gateway
-from bench.loadgen import run_closed_loop
-from bench.summary import RunSummary, summarize
-from bench.workloads import shared_prefix_sessions
+from bench.fleet import STRATEGIES, Cell, FleetPlan, Load, run_fleet
+from bench.workloads import Workload, chat_workload, prefix_groups_workload, rag_workload
 
-# Simulated pod timing: roughly a 7B model on one A10G (the original deployment):
-# ~3.4k prompt tokens/s of prefill plus a fixed ~20 ms, ~10 ms per output token.
-QUICK_POD = {
+QUICK_POD: dict[str, Any] = {
     "overhead_s": 0.02,
-    "prefill_tokens_per_s": 3400.0,
+    "prefill_tokens_per_s": 4000.0,
     "itl_s": 0.01,
-    "l0_capacity_blocks": 1024,
+    "l0_capacity_blocks": 512,
     "max_num_seqs": 8,
+    "prefill_concurrency": 1,
 }
 
 
-def run_quick(
-    strategies: list[str],
-    pods: int = 3,
-    concurrency: int = 6,
-    groups: int = 4,
-    users_per_group: int = 4,
-    rounds: int = 3,
-    system_tokens: int = 1500,
-    seed: int = 0,
-    out_dir: Path | None = None,
-    console: Console | None = None,
-) -> list[RunSummary]:
-    from bench.sim.launch import sim_fleet
-    from bench.tinymodel import MODEL_NAME, ensure_tokenizer
+@dataclass(frozen=True)
+class Preset:
+    pods: int = 4
+    pod_config: dict[str, Any] = field(default_factory=lambda: dict(QUICK_POD))
+    workloads: tuple[str, ...] = ("rag", "prefix")
+    tiers: tuple[str, ...] = ("L0", "L0+L1+L2")
+    loads: tuple[str, ...] = ("poisson:10",)
+    requests: int = 240
+    l1_capacity_blocks: int = 2048
+    trace_requests: int = 200
+    trace_speedup: float = 4.0
+    trace_tokens_per_hash: int = 32
 
-    console = console or wide_console()
-    sessions = shared_prefix_sessions(
-        ensure_tokenizer(),
-        groups=groups,
-        users_per_group=users_per_group,
-        rounds=rounds,
-        system_tokens=system_tokens,
+
+PRESETS = {
+    "quick": Preset(),
+    "docs": Preset(
+        workloads=("rag", "prefix", "chat", "trace"),
+        tiers=("L0", "L0+L1", "L0+L1+L2"),
+        loads=("poisson:4", "poisson:8", "poisson:10"),
+    ),
+    "tiny": Preset(pods=2, workloads=("rag",), tiers=("L0",), loads=("poisson:8",), requests=20),
+}
+
+
+def build_workloads(
+    names: list[str], preset: Preset, pods: int, seed: int, trace: Path | None = None
+) -> list[Workload]:
+    """The named workloads at the preset's sizes (same seed, same prompts)."""
+    from bench.tinymodel import ensure_tokenizer
+
+    tok = ensure_tokenizer()
+    cfg = preset.pod_config
+    fleet_l0_tokens = pods * int(cfg.get("l0_capacity_blocks", 4096)) * 32
+    out: list[Workload] = []
+    for name in names:
+        if name == "rag":
+            out.append(rag_workload(tok, docs=16, requests=preset.requests, seed=seed))
+        elif name == "prefix":
+            out.append(
+                prefix_groups_workload(
+                    tok,
+                    fleet_l0_tokens,
+                    k=0.5,
+                    prefix_tokens=2000,
+                    requests=preset.requests,
+                    seed=seed,
+                )
+            )
+        elif name == "chat":
+            users = max(1, preset.requests // 12)
+            out.append(chat_workload(tok, groups=4, users_per_group=users, rounds=3, seed=seed))
+        elif name == "trace":
+            from bench.trace import DEFAULT_TRACE, trace_workload
+
+            out.append(
+                trace_workload(
+                    tok, trace or DEFAULT_TRACE, requests=preset.trace_requests,
+                    speedup=preset.trace_speedup, tokens_per_hash=preset.trace_tokens_per_hash,
+                    max_input_tokens=3800, seed=seed,
+                )
+            )  # fmt: skip
+        else:
+            raise ValueError(f"unknown workload {name!r}: rag, prefix, chat, trace")
+    return out
+
+
+def plan_from_preset(preset: Preset, seed: int = 0, **changes: Any) -> FleetPlan:
+    plan = FleetPlan(
+        workloads=build_workloads(list(preset.workloads), preset, preset.pods, seed),
+        routers=list(STRATEGIES),
+        tiers=list(preset.tiers),
+        loads=[Load.parse(x) for x in preset.loads],
+        pods=preset.pods,
+        pod_config=dict(preset.pod_config),
+        l1_capacity_blocks=preset.l1_capacity_blocks,
         seed=seed,
     )
-    summaries: list[RunSummary] = []
-    for strategy in strategies:
-        with (
-            sim_fleet(pods, kv_events=True, **QUICK_POD) as fleet,
-            run_gateway([(p.name, _pod_spec(p)) for p in fleet], strategy=strategy) as gateway,
-        ):
-            started = time.perf_counter()
-            results = asyncio.run(
-                run_closed_loop(gateway, MODEL_NAME, sessions, concurrency, label=strategy)
-            )
-            summaries.append(summarize(strategy, results, time.perf_counter() - started))
-    print_summaries(summaries, console)
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "quick.json").write_text(json.dumps([asdict(s) for s in summaries], indent=2))
-        console.print(f"report: {out_dir / 'quick.json'}")
-    return summaries
+    for key, value in changes.items():
+        setattr(plan, key, value)
+    return plan
 
 
 def wide_console() -> Console:
@@ -82,35 +125,50 @@ def wide_console() -> Console:
     return console if console.is_terminal else Console(width=160)
 
 
-def _pod_spec(pod: object) -> str:
-    url: str = pod.url  # type: ignore[attr-defined]
-    events = getattr(pod, "events_endpoint", None)
-    replay = getattr(pod, "replay_endpoint", None)
-    if events:
-        url += f",events={events}"
-    if replay:
-        url += f",replay={replay}"
-    return url
+def print_headline(cells: list[Cell], console: Console) -> None:
+    from bench.report import HEADLINE_COLUMNS, headline_rows, headlines
 
-
-def print_summaries(summaries: list[RunSummary], console: Console) -> None:
-    table = Table(title="Shared-prefix chat through kvgate (simulated pods)")
-    for col in (
-        "strategy", "requests", "errors", "TTFT p50 ms", "TTFT p90 ms", "TTFT p99 ms",
-        "cached tokens", "requests per pod",
-    ):  # fmt: skip
-        table.add_column(
-            col, justify="left" if col in ("strategy", "requests per pod") else "right"
-        )
-    for s in summaries:
-        table.add_row(
-            s.label,
-            str(s.requests),
-            str(s.errors),
-            f"{s.ttft_p50_ms:.0f}",
-            f"{s.ttft_p90_ms:.0f}",
-            f"{s.ttft_p99_ms:.0f}",
-            f"{s.cached_ratio:.0%}",
-            " ".join(f"{pod}:{n}" for pod, n in s.per_pod.items()),
-        )
+    table = Table(title="kvgate fleet benchmark: TTFT p90, kv-aware vs round-robin")
+    for col in HEADLINE_COLUMNS:
+        table.add_column(col, overflow="fold")
+    for row in headline_rows(headlines(cells)):
+        table.add_row(*row)
     console.print(table)
+
+
+def print_cell(cell: Cell, console: Console) -> None:
+    """One line per finished cell, so a long run shows progress beyond the bar."""
+    where = f"{cell.workload:7} {cell.tiers:9} {cell.load:9} {cell.router:14}"
+    if cell.summary is None:
+        console.print(f"  {where} [yellow]skipped[/]: {cell.skipped}")
+        return
+    s = cell.summary
+    console.print(
+        f"  {where} TTFT p50 {s.ttft_p50_ms:7.0f} ms  p90 {s.ttft_p90_ms:7.0f} ms  "
+        f"cached {s.cached_ratio:4.0%}  errors {s.errors}"
+    )
+
+
+def run_and_report(plan: FleetPlan, out_dir: Path, console: Console | None = None) -> list[Cell]:
+    from bench.report import write_report
+
+    console = console or wide_console()
+    cells = run_fleet(plan, on_cell=lambda c: print_cell(c, console))
+    command = (
+        "kvgate bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+        if len(sys.argv) > 2
+        else "kvgate bench"
+    )
+    path = write_report(cells, plan, out_dir, command)
+    print_headline(cells, console)
+    console.print(f"report: {path}")
+    return cells
+
+
+def run_quick(
+    out_dir: Path, seed: int = 0, peers: list[str] | None = None, console: Console | None = None
+) -> list[Cell]:
+    """The README's first command: the quick preset through every kvgate strategy."""
+    plan = plan_from_preset(PRESETS["quick"], seed=seed)
+    plan.routers += list(peers or [])
+    return run_and_report(plan, out_dir, console)

@@ -1,7 +1,8 @@
-"""Summaries of load-generator results: per strategy and per pod."""
+"""Summaries of load-generator results: per router and per pod."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,14 +19,21 @@ class RunSummary:
     ttft_p50_ms: float
     ttft_p90_ms: float
     ttft_p99_ms: float
+    ttft_mean_ms: float
     e2e_p50_ms: float
-    cached_ratio: float  # cached prompt tokens / prompt tokens
+    cached_ratio: float  # cached prompt tokens / prompt tokens, as the pods reported in usage
     per_pod: dict[str, int]
     duration_s: float
 
     @property
     def throughput_rps(self) -> float:
-        return self.requests / self.duration_s if self.duration_s > 0 else 0.0
+        """Completed requests per second of wall time."""
+        ok = self.requests - self.errors
+        return ok / self.duration_s if self.duration_s > 0 else 0.0
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
 
 
 def summarize(label: str, results: Sequence[RequestResult], duration_s: float) -> RunSummary:
@@ -40,8 +48,9 @@ def summarize(label: str, results: Sequence[RequestResult], duration_s: float) -
         ttft_p50_ms=percentile(ttft, 50),
         ttft_p90_ms=percentile(ttft, 90),
         ttft_p99_ms=percentile(ttft, 99),
+        ttft_mean_ms=sum(ttft) / len(ttft) if ttft else math.nan,
         e2e_p50_ms=percentile([r.e2e_s * 1000 for r in ok], 50),
         cached_ratio=cached / prompt if prompt else 0.0,
-        per_pod=dict(sorted(Counter(r.pod for r in ok).items())),
+        per_pod=dict(sorted(Counter(r.pod for r in ok if r.pod).items())),
         duration_s=duration_s,
     )

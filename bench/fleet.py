@@ -1,0 +1,234 @@
+"""``kvgate bench fleet``: every router x tier setup x load over a workload, fresh pods per cell.
+
+A cell is one (workload, tier setup, load, router). For each cell the fleet is
+started anew (no router inherits another's cache), the router is started in
+front of it (kvgate with one strategy, or a peer router), the workload is sent,
+and the pods are asked what they served from which tier. Cells that cannot run
+here (a tier the simulator does not have yet, a peer that will not install) are
+kept with the reason, so the report says why a row has no numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.gateway_proc import run_gateway
+from bench.loadgen import RequestResult, run_closed_loop, run_open_loop
+from bench.peers import PEERS, PeerUnavailable, PodEndpoint, run_peer
+from bench.podstats import FleetStats, collect, routing_decision_ms
+from bench.summary import RunSummary, summarize
+from bench.workloads import Workload, poisson_arrivals
+
+STRATEGIES = ["round-robin", "least-loaded", "prefix-aware", "kv-aware"]
+TIER_NAMES = ["L0", "L0+L1", "L0+L1+L2"]
+
+
+@dataclass(frozen=True)
+class Load:
+    """Arrival process: ``closed`` (N users) or ``poisson`` (QPS) or ``trace`` (timestamps)."""
+
+    kind: str
+    value: float = 0.0
+
+    @property
+    def label(self) -> str:
+        if self.kind == "closed":
+            return f"{int(self.value)} users"
+        return f"{self.value:g} qps" if self.kind == "poisson" else "trace"
+
+    @staticmethod
+    def parse(text: str) -> Load:
+        """``closed:8``, ``poisson:4``, ``trace``."""
+        kind, _, value = text.partition(":")
+        if kind not in ("closed", "poisson", "trace"):
+            raise ValueError(f"unknown load {text!r}: closed:N, poisson:QPS or trace")
+        return Load(kind, float(value or 0))
+
+
+@dataclass
+class FleetPlan:
+    workloads: list[Workload]
+    routers: list[str] = field(default_factory=lambda: list(STRATEGIES))
+    tiers: list[str] = field(default_factory=lambda: ["L0"])
+    loads: list[Load] = field(default_factory=lambda: [Load("closed", 8)])
+    pods: int = 4
+    pod_config: dict[str, Any] = field(default_factory=dict)  # SimConfig overrides
+    l1_capacity_blocks: int = 4096
+    profile: str | None = None
+    redis: bool = False
+    pods_url: list[str] = field(default_factory=list)  # real pods: "URL[,events=..,replay=..]"
+    model: str = "kvgate-tiny-llama"
+    block_size: int = 32
+    seed: int = 0
+
+
+@dataclass
+class Cell:
+    workload: str
+    tiers: str
+    load: str
+    router: str
+    summary: RunSummary | None = None
+    stats: FleetStats | None = None
+    decision_ms: float | None = None  # kvgate only: tokenize + lookup + choose
+    ttfts_ms: list[float] = field(default_factory=list)
+    skipped: str = ""
+
+    @property
+    def overhead_ms(self) -> float | None:
+        """Mean client TTFT minus mean pod-measured TTFT: what the router (and HTTP) add."""
+        if self.summary is None or self.stats is None or self.stats.pod_ttft_mean_s is None:
+            return None
+        return self.summary.ttft_mean_ms - self.stats.pod_ttft_mean_s * 1000
+
+
+@functools.lru_cache(maxsize=1)
+def sim_flags() -> frozenset[str]:
+    """Flags the simulated pod accepts (tier options arrive over time)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.sim", "--help"], capture_output=True, text=True, timeout=60
+    )
+    return frozenset(w.strip(",[]") for w in out.stdout.split() if w.startswith("--"))
+
+
+def tier_overrides(tier: str, plan: FleetPlan, l2_dir: Path) -> dict[str, Any] | str:
+    """SimConfig overrides for a tier setup, or the reason it cannot run here."""
+    need: dict[str, Any] = {}
+    if tier in ("L0+L1", "L0+L1+L2"):
+        need["l1_capacity_blocks"] = plan.l1_capacity_blocks
+    if tier == "L0+L1+L2":
+        need["l2_dir"] = str(l2_dir)
+    if tier not in TIER_NAMES:
+        return f"unknown tier setup {tier!r}"
+    missing = [
+        "--" + k.replace("_", "-") for k in need if "--" + k.replace("_", "-") not in sim_flags()
+    ]
+    if missing:
+        return f"simulated pod has no {', '.join(missing)} yet"
+    return need
+
+
+def _endpoint(spec: str) -> PodEndpoint:
+    url, *opts = spec.split(",")
+    kv = dict(o.split("=", 1) for o in opts if "=" in o)
+    return PodEndpoint(url.rstrip("/"), kv.get("events"), kv.get("replay"))
+
+
+def _spec(p: PodEndpoint) -> str:
+    extra = (f",events={p.events}" if p.events else "") + (
+        f",replay={p.replay}" if p.replay else ""
+    )
+    return p.url + extra
+
+
+@contextlib.contextmanager
+def _pods(plan: FleetPlan, overrides: dict[str, Any]) -> Iterator[list[PodEndpoint]]:
+    if plan.pods_url:
+        endpoints = [_endpoint(s) for s in plan.pods_url]
+        for p in endpoints:  # best effort: real vLLM needs --enable-dev-mode... for this
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.post(f"{p.url}/reset_prefix_cache", timeout=10.0)
+        yield endpoints
+        return
+    from bench.sim.launch import sim_fleet
+
+    config = {"hash_seed": "vllm-none-hash", "block_size": plan.block_size, **plan.pod_config}
+    if plan.profile:
+        config["profile"] = plan.profile
+    with sim_fleet(plan.pods, kv_events=True, **config, **overrides) as fleet:
+        yield [PodEndpoint(p.url, p.events_endpoint, p.replay_endpoint) for p in fleet]
+
+
+def _gateway_env(plan: FleetPlan, redis_url: str | None) -> dict[str, str]:
+    from bench.tinymodel import ensure_tokenizer
+
+    model: dict[str, Any] = {"block_size": plan.block_size}
+    if plan.model == "kvgate-tiny-llama":
+        model["tokenizer"] = str(ensure_tokenizer())
+    env = {"KVGATE_MODELS": json.dumps({plan.model: model})}
+    if redis_url:
+        env |= {"KVGATE_INDEX__BACKEND": "redis", "KVGATE_INDEX__REDIS_URL": redis_url}
+    return env
+
+
+@contextlib.contextmanager
+def _router(plan: FleetPlan, router: str, pods: list[PodEndpoint]) -> Iterator[str]:
+    if router in PEERS:
+        with run_peer(router, pods, plan.model, plan.block_size) as url:
+            yield url
+        return
+    with contextlib.ExitStack() as stack:
+        redis_url = None
+        if plan.redis:
+            from bench.redis_server import running_redis
+
+            redis_url = stack.enter_context(running_redis()).url
+        named = [(f"pod-{i}", _spec(p)) for i, p in enumerate(pods)]
+        yield stack.enter_context(
+            run_gateway(named, strategy=router, env=_gateway_env(plan, redis_url))
+        )
+
+
+def _drive(
+    url: str, plan: FleetPlan, workload: Workload, load: Load, label: str
+) -> list[RequestResult]:
+    if workload.timed or load.kind == "trace":
+        coro = run_open_loop(url, plan.model, workload.requests(), label)
+    elif load.kind == "poisson":
+        reqs = poisson_arrivals(workload.requests(), load.value, plan.seed)
+        coro = run_open_loop(url, plan.model, reqs, label)
+    else:
+        coro = run_closed_loop(url, plan.model, workload.sessions, int(load.value), label)
+    return asyncio.run(coro)
+
+
+def run_cell(plan: FleetPlan, workload: Workload, tier: str, load: Load, router: str) -> Cell:
+    """One cell on a fresh fleet; a cell that cannot run comes back with ``skipped`` set."""
+    cell = Cell(workload.name, tier, load.label, router)
+    with tempfile.TemporaryDirectory(prefix="kvgate-l2-") as l2_dir:
+        overrides = {} if plan.pods_url else tier_overrides(tier, plan, Path(l2_dir))
+        if isinstance(overrides, str):
+            cell.skipped = overrides
+            return cell
+        try:
+            with _pods(plan, overrides) as pods, _router(plan, router, pods) as url:
+                label = f"{workload.name} {tier} {load.label} {router}"
+                started = time.perf_counter()
+                results = _drive(url, plan, workload, load, label)
+                cell.summary = summarize(router, results, time.perf_counter() - started)
+                cell.ttfts_ms = [r.ttft_s * 1000 for r in results if r.ok]
+                cell.stats = collect([p.url for p in pods], simulated=not plan.pods_url)
+                if router not in PEERS:
+                    cell.decision_ms = routing_decision_ms(url)
+        except PeerUnavailable as exc:
+            cell.skipped = f"{router} unavailable: {exc}"
+    return cell
+
+
+def run_fleet(plan: FleetPlan, on_cell: Any = None) -> list[Cell]:
+    """Every workload x tier setup x load x router, in that nesting order."""
+    cells: list[Cell] = []
+    tiers = plan.tiers if not plan.pods_url else ["as deployed"]
+    for workload in plan.workloads:
+        loads = [Load("trace")] if workload.timed else plan.loads
+        for tier in tiers:
+            for load in loads:
+                for router in plan.routers:
+                    cell = run_cell(plan, workload, tier, load, router)
+                    cells.append(cell)
+                    if on_cell is not None:
+                        on_cell(cell)
+    return cells

@@ -1,0 +1,94 @@
+"""Arguments of ``kvgate bench fleet`` and ``kvgate bench quick``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from bench.peers import PEERS
+
+
+def _csv(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def add_fleet(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "fleet",
+        help="routers x tier setups x load over a workload, fresh pods per cell; report + plots",
+        description="Starts N simulated pods (or uses --pods-url) and a router per cell: each "
+        "kvgate strategy and each --peer. Writes report.md, results.json and PNG plots.",
+    )
+    p.add_argument("--preset", choices=["quick", "docs", "tiny"], default="quick",
+                   help="sizes, pod timing and defaults below (default: quick)")  # fmt: skip
+    p.add_argument("--workloads", type=_csv, help="rag,prefix,chat,trace (default: preset's)")
+    p.add_argument("--routers", type=_csv, help="kvgate strategies (default: the four)")
+    p.add_argument("--peer", action="append", default=[], choices=sorted(PEERS),
+                   help="also run this router (installed on demand); repeatable")  # fmt: skip
+    p.add_argument("--tiers", type=_csv, help="L0,L0+L1,L0+L1+L2 (default: preset's)")
+    p.add_argument("--load", action="append", default=[],
+                   help="closed:USERS or poisson:QPS; repeatable (default: preset's)")  # fmt: skip
+    p.add_argument("--pods", type=int, help="simulated pods (default: preset's)")
+    p.add_argument("--pods-url", nargs="+", default=[], metavar="URL",
+                   help="real pods instead: URL[,events=tcp://..,replay=tcp://..]")  # fmt: skip
+    p.add_argument("--profile", help="simulated hardware profile (bench/profiles.py)")
+    p.add_argument("--l1-capacity-blocks", type=int, help="L1 size per pod when L1 is on")
+    p.add_argument("--requests", type=int, help="requests per workload (default: preset's)")
+    p.add_argument("--trace", type=Path, help="Mooncake JSONL (default: the shared one)")
+    p.add_argument("--redis", action="store_true", help="kvgate's index in a real redis-server")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("reports/fleet"))
+    p.set_defaults(bench_func=run_fleet_cli)
+
+
+def add_quick(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "quick",
+        help="the quick fleet benchmark: RAG + shared-prefix, every strategy, a few minutes",
+    )
+    p.add_argument("--peer", action="append", default=[], choices=sorted(PEERS))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("reports/quick"))
+    p.set_defaults(bench_func=run_quick_cli)
+
+
+def run_quick_cli(args: argparse.Namespace) -> int:
+    from bench.quick import run_quick
+
+    cells = run_quick(args.out, seed=args.seed, peers=args.peer)
+    return 0 if all(c.summary is None or c.summary.errors == 0 for c in cells) else 1
+
+
+def run_fleet_cli(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from bench.fleet import Load
+    from bench.quick import PRESETS, build_workloads, plan_from_preset, run_and_report
+
+    preset = PRESETS[args.preset]
+    changes = {
+        k: v
+        for k, v in {
+            "workloads": tuple(args.workloads) if args.workloads else None,
+            "tiers": tuple(args.tiers) if args.tiers else None,
+            "loads": tuple(args.load) if args.load else None,
+            "pods": args.pods,
+            "requests": args.requests,
+            "l1_capacity_blocks": args.l1_capacity_blocks,
+        }.items()
+        if v is not None
+    }
+    preset = replace(preset, **changes)
+    for text in preset.loads:
+        Load.parse(text)  # fail fast on a typo, before any pod starts
+    plan = plan_from_preset(preset, seed=args.seed)
+    if args.trace is not None:
+        plan.workloads = build_workloads(
+            list(preset.workloads), preset, preset.pods, args.seed, args.trace
+        )
+    plan.routers = list(args.routers or plan.routers) + list(args.peer)
+    plan.pods_url = list(args.pods_url)
+    plan.profile = args.profile
+    plan.redis = args.redis
+    cells = run_and_report(plan, args.out)
+    return 0 if all(c.summary is None or c.summary.errors == 0 for c in cells) else 1

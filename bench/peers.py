@@ -1,0 +1,162 @@
+"""Other routers run side by side with kvgate: vllm-router and sglang-router.
+
+Each is installed from PyPI on demand into its own venv under
+``~/.cache/kvgate/peers/<name>`` (they pin their own dependencies), started in
+front of the same pods with its cache-aware policy, and measured by the same
+load generator. When one cannot be installed or started, ``PeerUnavailable``
+carries the reason, and the report prints that reason instead of numbers.
+
+Policies used (checked against ``--help`` of vllm-router 0.1.17, sglang-router 0.3.2):
+- vllm-router ``--policy kv_aware`` with ``--kv-event-source URL=tcp://…`` (and
+  replay) per pod, ``--kv-event-block-size`` and ``--kv-event-model``: its own
+  KV-event index, the closest match to kvgate's kv-aware.
+- sglang-router ``--policy cache_aware``: an approximate radix tree over request
+  text per worker, load-balanced by thresholds; it takes no KV events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from bench.gateway_proc import free_port
+
+
+class PeerUnavailable(RuntimeError):
+    """The peer cannot run here; the message says why (it goes into the report)."""
+
+
+@dataclass(frozen=True)
+class PodEndpoint:
+    url: str
+    events: str | None = None
+    replay: str | None = None
+
+
+@dataclass(frozen=True)
+class PeerSpec:
+    name: str
+    package: str
+    policy: str
+    entry: tuple[str, ...]  # argv prefix relative to the venv's bin/
+
+
+PEERS: dict[str, PeerSpec] = {
+    "vllm-router": PeerSpec("vllm-router", "vllm-router", "kv_aware", ("vllm-router",)),
+    "sglang-router": PeerSpec(
+        "sglang-router",
+        "sglang-router",
+        "cache_aware",
+        ("python", "-m", "sglang_router.launch_router"),
+    ),
+}
+
+
+def peers_home() -> Path:
+    return Path(os.environ.get("KVGATE_PEERS_HOME", Path.home() / ".cache/kvgate/peers"))
+
+
+def ensure_peer(name: str, install_timeout_s: float = 600.0) -> Path:
+    """The peer's venv bin/ directory, installing it on first use."""
+    spec = PEERS.get(name)
+    if spec is None:
+        raise PeerUnavailable(f"unknown peer {name!r} (known: {', '.join(PEERS)})")
+    venv = peers_home() / name
+    bin_dir = venv / "bin"
+    if (bin_dir / spec.entry[0]).exists() and peer_version(name) is not None:
+        return bin_dir
+    try:
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+        subprocess.run(
+            [str(bin_dir / "pip"), "install", "-q", spec.package],
+            check=True,
+            timeout=install_timeout_s,
+            capture_output=True,
+            text=True,
+        )
+    except subprocess.CalledProcessError as exc:
+        tail = (exc.stderr or "").strip().splitlines()[-1:] or ["no output"]
+        raise PeerUnavailable(f"pip install {spec.package} failed: {tail[0][:160]}") from None
+    except (subprocess.TimeoutExpired, OSError) as exc:
+        raise PeerUnavailable(f"installing {spec.package}: {exc!r}"[:200]) from None
+    return bin_dir
+
+
+def peer_version(name: str) -> str | None:
+    """Installed version of the peer's package, or None when not installed."""
+    spec = PEERS[name]
+    python = peers_home() / name / "bin" / "python"
+    if not python.exists():
+        return None
+    code = f"import importlib.metadata as m; print(m.version({spec.package!r}))"
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=30)
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def peer_command(
+    name: str, bin_dir: Path, port: int, pods: list[PodEndpoint], model: str, block_size: int
+) -> list[str]:
+    spec = PEERS[name]
+    cmd = [str(bin_dir / spec.entry[0]), *spec.entry[1:]]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--policy", spec.policy]
+    cmd += ["--worker-urls", *[p.url for p in pods], "--prometheus-port", str(free_port())]
+    if name == "vllm-router":
+        cmd += ["--kv-event-block-size", str(block_size), "--kv-event-model", model]
+        for p in pods:
+            if p.events:
+                cmd += ["--kv-event-source", f"{p.url}={p.events}"]
+            if p.replay:
+                cmd += ["--kv-event-replay-source", f"{p.url}={p.replay}"]
+        cmd += ["--log-level", "warning"]
+    else:
+        cmd += ["--log-level", "warn"]
+    return cmd
+
+
+def _wait_health(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            raise PeerUnavailable(f"exited with {proc.returncode}: {tail[0][-160:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise PeerUnavailable(f"not healthy within {timeout_s:.0f}s (log {log})")
+
+
+@contextlib.contextmanager
+def run_peer(
+    name: str, pods: list[PodEndpoint], model: str, block_size: int, timeout_s: float = 60.0
+) -> Iterator[str]:
+    """Start the peer in front of ``pods``; yield its base URL; stop it on exit."""
+    bin_dir = ensure_peer(name)
+    port = free_port()
+    fd, path = tempfile.mkstemp(prefix=f"kvgate-peer-{name}-", suffix=".log")
+    os.close(fd)
+    log = Path(path)
+    cmd = peer_command(name, bin_dir, port, pods, model, block_size)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_health(url, proc, log, timeout_s)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

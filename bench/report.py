@@ -1,0 +1,227 @@
+"""The fleet benchmark's report directory: report.md, results.json and PNG plots.
+
+Numbers come only from cells that ran; a cell that could not run shows its reason.
+The headline compares kv-aware with round-robin (TTFT p90 ratio), gives the
+cross-pod L2 hit rate where L2 is on, and each peer router's p90 relative to
+kvgate's kv-aware on the same workload, tiers and load.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.fleet import Cell, FleetPlan
+from bench.peers import PEERS, peer_version
+from bench.plots import write_plots
+
+COLUMNS = (
+    "router", "tiers", "load", "requests", "errors", "TTFT p50 ms", "TTFT p90 ms",
+    "TTFT p99 ms", "req/s", "cached", "L0 hit", "L1 hit", "L2 hit", "cross-pod L2",
+    "overhead ms", "decision ms",
+)  # fmt: skip
+
+
+def _ms(v: float | None) -> str:
+    return "n/a" if v is None or math.isnan(v) else f"{v:.0f}" if abs(v) >= 10 else f"{v:.2f}"
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.0%}"
+
+
+def cell_row(c: Cell) -> list[str]:
+    """One table row; a skipped cell keeps its identity and says why."""
+    head = [c.router, c.tiers, c.load]
+    if c.summary is None:
+        return [*head, f"skipped: {c.skipped}", *[""] * (len(COLUMNS) - 4)]
+    s, st = c.summary, c.stats
+    return [
+        *head,
+        str(s.requests),
+        f"{s.errors} ({s.error_rate:.0%})",
+        _ms(s.ttft_p50_ms),
+        _ms(s.ttft_p90_ms),
+        _ms(s.ttft_p99_ms),
+        f"{s.throughput_rps:.2f}",
+        _pct(s.cached_ratio),
+        *[_pct(st.tier_rate(t) if st else None) for t in ("L0", "L1", "L2")],
+        _pct(st.cross_pod_rate if st else None),
+        _ms(c.overhead_ms),
+        _ms(c.decision_ms),
+    ]
+
+
+def markdown_table(header: list[str] | tuple[str, ...], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Headline:
+    workload: str
+    tiers: str
+    load: str
+    round_robin_p90_ms: float | None
+    kv_aware_p90_ms: float | None
+    cross_pod_rate: float | None
+    peers: dict[str, str]  # peer -> "1.8x kv-aware's p90" or the reason it has no number
+
+    @property
+    def speedup(self) -> float | None:
+        rr, kv = self.round_robin_p90_ms, self.kv_aware_p90_ms
+        return rr / kv if rr and kv and not math.isnan(rr) and not math.isnan(kv) else None
+
+
+def _p90(c: Cell | None) -> float | None:
+    return c.summary.ttft_p90_ms if c is not None and c.summary is not None else None
+
+
+def headlines(cells: list[Cell]) -> list[Headline]:
+    keys = list(dict.fromkeys((c.workload, c.tiers, c.load) for c in cells))
+    out = []
+    for key in keys:
+        group = {c.router: c for c in cells if (c.workload, c.tiers, c.load) == key}
+        kv = group.get("kv-aware")
+        peers: dict[str, str] = {}
+        for name in PEERS:
+            if name in group:
+                p, k = _p90(group[name]), _p90(kv)
+                peers[name] = (
+                    f"p90 {p:.0f} ms = {p / k:.2f}x kv-aware's" if p and k else group[name].skipped
+                )
+        cross = kv.stats.cross_pod_rate if kv is not None and kv.stats else None
+        out.append(Headline(*key, _p90(group.get("round-robin")), _p90(kv), cross, peers))
+    return out
+
+
+def headline_rows(heads: list[Headline]) -> list[list[str]]:
+    return [
+        [
+            h.workload, h.tiers, h.load, _ms(h.round_robin_p90_ms), _ms(h.kv_aware_p90_ms),
+            "n/a" if h.speedup is None else f"{h.speedup:.1f}x", _pct(h.cross_pod_rate),
+            "; ".join(f"{k}: {v}" for k, v in h.peers.items()) or "not asked",
+        ]
+        for h in heads
+    ]  # fmt: skip
+
+
+HEADLINE_COLUMNS = (
+    "workload", "tiers", "load", "round-robin p90 ms", "kv-aware p90 ms",
+    "kv-aware vs round-robin", "cross-pod L2 (kv-aware)", "peers",
+)  # fmt: skip
+
+
+def _git_sha() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _ram_gib() -> str:
+    try:
+        kb = int(Path("/proc/meminfo").read_text().split()[1])
+        return f"{kb / 2**20:.1f} GiB"
+    except (OSError, ValueError, IndexError):
+        return "unknown"
+
+
+def environment(plan: FleetPlan, command: str) -> dict[str, str]:
+    """Machine, versions and seeds: what a reader needs to rerun or discount the numbers."""
+    env = {
+        "command": command,
+        "machine": f"{os.cpu_count()} CPUs ({_cpu_model()}), {_ram_gib()} RAM",
+        "python": platform.python_version(),
+        "kvgate git sha": _git_sha(),
+        "seed": str(plan.seed),
+        "pods": "real: " + " ".join(plan.pods_url) if plan.pods_url else f"{plan.pods} simulated",
+        "pod config": json.dumps({**plan.pod_config, "profile": plan.profile}),
+        "index": "redis (real redis-server)" if plan.redis else "memory",
+    }
+    for name in PEERS:
+        if name in plan.routers:
+            env[f"{name} version"] = peer_version(name) or "not installed"
+    return env
+
+
+def render(
+    cells: list[Cell],
+    plan: FleetPlan,
+    env: dict[str, str],
+    plots: dict[str, list[Path]],
+    workloads: dict[str, str],
+) -> str:
+    parts = ["# kvgate fleet benchmark", ""]
+    parts += [
+        markdown_table(("", ""), [[k, f"`{v}`" if k == "command" else v] for k, v in env.items()]),
+        "",
+    ]
+    parts += [
+        "## Headline",
+        "",
+        markdown_table(HEADLINE_COLUMNS, headline_rows(headlines(cells))),
+        "",
+    ]
+    parts += [
+        "TTFT is client-observed (first streamed token). *overhead* = mean client TTFT minus the "
+        "pods' own mean TTFT (router + HTTP hops); *decision* = kvgate's mean routing decision "
+        "time (tokenize, index lookup, strategy). *cross-pod L2* = share of L2-served tokens "
+        "computed by another pod. Hit columns are shares of prompt tokens.",
+        "",
+    ]
+    for name, description in workloads.items():
+        wcells = [c for c in cells if c.workload == name]
+        parts += [f"## Workload `{name}`", "", description, ""]
+        parts += [markdown_table(COLUMNS, [cell_row(c) for c in wcells]), ""]
+        parts += [f"![{p.stem}]({p.name})" for p in plots.get(name, [])] + [""]
+    return "\n".join(parts)
+
+
+def write_report(cells: list[Cell], plan: FleetPlan, out_dir: Path, command: str) -> Path:
+    """Write report.md, results.json and the PNGs into ``out_dir``; returns report.md."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots = write_plots(cells, out_dir)
+    env = environment(plan, command)
+    workloads = {w.name: w.description for w in plan.workloads}
+    path = out_dir / "report.md"
+    path.write_text(render(cells, plan, env, plots, workloads))
+    data: dict[str, Any] = {
+        "environment": env,
+        "cells": [
+            {
+                **{k: v for k, v in asdict(c).items() if k != "ttfts_ms"},
+                "overhead_ms": c.overhead_ms,
+            }
+            for c in cells
+        ],
+        "headline": [asdict(h) | {"speedup": h.speedup} for h in headlines(cells)],
+    }
+    (out_dir / "results.json").write_text(json.dumps(data, indent=2, default=str))
+    return path
