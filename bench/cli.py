@@ -22,6 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.set_defaults(bench_func=_overhead)
     _add_quick(sub)
     _add_index(sub)
+    _add_des(sub)
 
 
 def _add_quick(sub: argparse._SubParsersAction) -> None:
@@ -76,6 +77,25 @@ def _overhead(args: argparse.Namespace) -> int:
     )
     print_overhead(result)
     return 0
+
+
+def _add_des(sub: argparse._SubParsersAction) -> None:
+    from bench.des.cli import add_des_arguments
+
+    p = sub.add_parser(
+        "des",
+        help="discrete-event fleet simulation: strategies on a trace in simulated time",
+        description="Replays a Mooncake-format trace on N simulated pods per strategy and "
+        "tier setup, with kvgate's own routing objects and the simulated pod's timing.",
+    )
+    add_des_arguments(p)
+    p.set_defaults(bench_func=_des)
+
+
+def _des(args: argparse.Namespace) -> int:
+    from bench.des.cli import run_des_cli
+
+    return run_des_cli(args)
 
 
 def run(args: argparse.Namespace) -> int:

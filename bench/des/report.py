@@ -1,0 +1,101 @@
+"""Summaries and the rich table of DES runs (one row per strategy and tier setup)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.table import Table
+
+from bench.des.types import DesResult
+from bench.stats import percentile
+
+
+@dataclass(frozen=True)
+class DesSummary:
+    label: str
+    tiers: str
+    requests: int
+    ttft_p50_ms: float
+    ttft_p90_ms: float
+    ttft_p99_ms: float
+    e2e_p50_ms: float
+    hit_l0: float  # share of prompt tokens served from each tier
+    hit_l1: float
+    hit_l2: float
+    cross_pod_l2: float  # share of L2 tokens another pod wrote
+    per_pod: dict[str, int]
+    simulated_s: float
+    wall_s: float
+
+    @property
+    def cached_ratio(self) -> float:
+        return self.hit_l0 + self.hit_l1 + self.hit_l2
+
+
+def summarize_des(
+    label: str, tiers: str, results: Sequence[DesResult], wall_s: float
+) -> DesSummary:
+    ttft = [r.ttft_s * 1000 for r in results]
+    prompt = sum(r.prompt_tokens for r in results) or 1
+    l2 = sum(r.l2_tokens for r in results)
+    end = max((r.arrival_s + r.e2e_s for r in results), default=0.0)
+    start = min((r.arrival_s for r in results), default=0.0)
+    return DesSummary(
+        label=label,
+        tiers=tiers,
+        requests=len(results),
+        ttft_p50_ms=percentile(ttft, 50),
+        ttft_p90_ms=percentile(ttft, 90),
+        ttft_p99_ms=percentile(ttft, 99),
+        e2e_p50_ms=percentile([r.e2e_s * 1000 for r in results], 50),
+        hit_l0=sum(r.l0_tokens for r in results) / prompt,
+        hit_l1=sum(r.l1_tokens for r in results) / prompt,
+        hit_l2=l2 / prompt,
+        cross_pod_l2=sum(r.l2_cross_pod_tokens for r in results) / l2 if l2 else 0.0,
+        per_pod=dict(sorted(Counter(r.pod for r in results).items())),
+        simulated_s=end - start,
+        wall_s=wall_s,
+    )
+
+
+def _per_pod(per_pod: dict[str, int]) -> str:
+    counts = list(per_pod.values())
+    if len(counts) <= 4:
+        return " ".join(f"{p}:{n}" for p, n in per_pod.items())
+    return f"min {min(counts)} / max {max(counts)} over {len(counts)}"
+
+
+def des_table(summaries: Sequence[DesSummary], title: str) -> Table:
+    table = Table(title=title)
+    columns = ("strategy", "tiers", "requests", "TTFT p50 ms", "TTFT p90 ms",
+               "TTFT p99 ms", "L0 hit", "L1 hit", "L2 hit", "L2 cross-pod",
+               "requests per pod", "wall s")  # fmt: skip
+    for col in columns:
+        left = col in ("strategy", "tiers", "requests per pod")
+        table.add_column(col, justify="left" if left else "right")
+    for s in summaries:
+        table.add_row(
+            s.label,
+            s.tiers,
+            str(s.requests),
+            f"{s.ttft_p50_ms:.0f}",
+            f"{s.ttft_p90_ms:.0f}",
+            f"{s.ttft_p99_ms:.0f}",
+            f"{s.hit_l0:.1%}",
+            f"{s.hit_l1:.1%}",
+            f"{s.hit_l2:.1%}",
+            f"{s.cross_pod_l2:.0%}",
+            _per_pod(s.per_pod),
+            f"{s.wall_s:.1f}",
+        )
+    return table
+
+
+def print_des(summaries: Sequence[DesSummary], title: str, console: Console | None = None) -> None:
+    console = console or Console()
+    if not console.is_terminal:
+        console = Console(width=170)
+    console.print(des_table(summaries, title))

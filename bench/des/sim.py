@@ -1,0 +1,270 @@
+"""The fleet in simulated time: a heap of timed events, the router, the pods.
+
+Routing is the live gateway's, minus the network: per request a ``RouteRequest``,
+``PodView``s from the same ``LoadTracker`` (load counted at dispatch, prefill share
+released at the first token, the rest at the end) plus pod queue state scraped at
+most every ``scrape_interval_s`` (the gateway scrapes ``/metrics`` periodically),
+a ``PrefixMatch`` from a ``kvindex`` ``MemoryStore`` fed by the pods' stored and
+evicted blocks (after ``event_delay_s``), the strategy's ``choose``, speculative
+L0 entries like the gateway's, and ``observe`` with the outcome.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from bench.des.pod import DesPod, Job
+from bench.des.types import DesPodSpec, DesRequest, DesResult
+from bench.podmodel import MemoryL2
+from bench.profiles import Profile, get_profile
+from kvindex.memory_store import MemoryStore
+from kvindex.store import IndexOp
+from routing.load import LoadTracker
+from routing.registry import build_strategy, canonical_name
+from routing.types import Outcome, PodView, RouteRequest
+
+Progress = Callable[[int], None]  # called with the number of requests finished so far
+
+
+class FleetSim:
+    """One strategy, ``n_pods`` identical pods, one simulated clock."""
+
+    def __init__(
+        self,
+        n_pods: int,
+        strategy: str,
+        spec: DesPodSpec,
+        *,
+        strategy_options: Mapping[str, Any] | None = None,
+        model: str = "des-model",
+        event_delay_s: float = 0.0,
+        scrape_interval_s: float = 2.0,
+        speculative_ttl_s: float = 3.0,
+        index_capacity: int = 2_000_000,
+    ) -> None:
+        if n_pods <= 0:
+            raise ValueError("n_pods must be positive")
+        self.now = 0.0
+        self.spec = spec
+        self.model = model
+        self.event_delay_s = event_delay_s
+        self.scrape_interval_s = scrape_interval_s
+        self.speculative_ttl_s = speculative_ttl_s
+        self.strategy = build_strategy(strategy, strategy_options)
+        self.strategy_name = canonical_name(strategy)
+        self._uses_index = bool(getattr(self.strategy, "uses_index", False))
+        self._uses_prefix = bool(getattr(self.strategy, "uses_prefix_hashes", False))
+        self._uses_session = bool(getattr(self.strategy, "uses_session", False))
+        self.store = MemoryStore(index_capacity, clock=lambda: self.now)
+        self.load = LoadTracker()
+        self.l2 = MemoryL2(spec.l2_capacity_blocks) if spec.l2_capacity_blocks > 0 else None
+        self.pods = [
+            DesPod(f"pod-{i}", spec, self.l2, self._at, self._publish, self._finished)
+            for i in range(n_pods)
+        ]
+        self._by_name = {p.name: p for p in self.pods}
+        self._scraped: dict[str, tuple[int, int, float]] = {p.name: (0, 0, 0.0) for p in self.pods}
+        self._scraped_at = -1e18
+        self._heap: list[tuple[float, int, Callable[[Any, float], None], Any]] = []
+        self._seq = 0
+        self.results: list[DesResult] = []
+        self.finished = 0
+        self._on_finish: Callable[[Job, float], None] | None = None
+
+    # -- event loop -------------------------------------------------------------
+
+    def _at(self, when: float, fn: Callable[[Any, float], None], arg: object) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (when, self._seq, fn, arg))
+
+    def _loop(self, progress: Progress | None, every: int = 500) -> None:
+        heap, pop = self._heap, heapq.heappop
+        reported = 0
+        while heap:
+            when, _, fn, arg = pop(heap)
+            self.now = when
+            fn(arg, when)
+            if progress is not None and self.finished - reported >= every:
+                reported = self.finished
+                progress(reported)
+        if progress is not None:
+            progress(self.finished)
+
+    # -- index ----------------------------------------------------------------------
+
+    def _publish(self, pod: str, ops: list[IndexOp]) -> None:
+        if self.event_delay_s <= 0:
+            self.store.apply_now(pod, ops)
+        else:
+            self._at(self.now + self.event_delay_s, self._apply, (pod, ops))
+
+    def _apply(self, arg: tuple[str, list[IndexOp]], now: float) -> None:
+        self.store.apply_now(*arg)
+
+    # -- routing ----------------------------------------------------------------------
+
+    def _views(self, now: float) -> list[PodView]:
+        if now - self._scraped_at >= self.scrape_interval_s:
+            self._scraped_at = now
+            for p in self.pods:
+                self._scraped[p.name] = (len(p.waiting), p.running, p.kv_usage())
+        views = []
+        for p in self.pods:
+            load = self.load.get(p.name)
+            waiting, running, usage = self._scraped[p.name]
+            views.append(
+                PodView(p.name, load.in_flight, load.prefill_tokens, waiting, running, usage)
+            )
+        return views
+
+    def dispatch(self, index: int, req: DesRequest, now: float) -> None:
+        """Route one arriving request and hand it to the chosen pod."""
+        keys = req.block_keys[: req.prompt_tokens // self.spec.block_size]
+        route = RouteRequest(
+            model=self.model,
+            request_id=str(index),
+            prompt_tokens=req.prompt_tokens,
+            block_keys=keys if self._uses_index else (),
+            prefix_hashes=keys if self._uses_prefix else (),
+            session_key=req.session if self._uses_session else None,
+        )
+        match = self.store.match_now(keys, self.spec.block_size) if self._uses_index else None
+        decision = self.strategy.choose(route, self._views(now), match, now)
+        pod = self._by_name[decision.pod]
+        if match is not None and decision.speculate_blocks:
+            spec_keys = keys[: decision.speculate_blocks]
+            self.store.speculate_now(pod.name, spec_keys, self.speculative_ttl_s)
+        prefill = max(0, req.prompt_tokens - decision.predicted_cached_tokens)
+        result = DesResult(
+            index=index,
+            pod=pod.name,
+            arrival_s=req.arrival_s,
+            prompt_tokens=req.prompt_tokens,
+            output_tokens=req.output_tokens,
+            predicted_cached_tokens=decision.predicted_cached_tokens,
+            reason=decision.reason,
+        )
+        self.results.append(result)
+        job = Job(req, result, route, decision, self.load.start(pod.name, prefill))
+        pod.submit(job, now)
+
+    def _finished(self, job: Job, now: float) -> None:
+        job.inflight.finish()
+        r = job.result
+        outcome = Outcome(True, r.ttft_s, r.prompt_tokens, r.cached_tokens)
+        self.strategy.observe(job.route, job.decision, outcome)
+        self.finished += 1
+        if self._on_finish is not None:
+            self._on_finish(job, now)
+
+    # -- workloads ----------------------------------------------------------------------
+
+    def run_open(self, requests: Sequence[DesRequest], progress: Progress | None = None) -> None:
+        """Each request arrives at its ``arrival_s`` regardless of the others."""
+        order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
+
+        def arrive(pos: int, now: float) -> None:
+            i = order[pos]
+            self.dispatch(i, requests[i], now)
+            if pos + 1 < len(order):
+                nxt = order[pos + 1]
+                self._at(requests[nxt].arrival_s, arrive, pos + 1)
+
+        if order:
+            self._at(requests[order[0]].arrival_s, arrive, 0)
+        self._loop(progress)
+
+    def run_closed(
+        self,
+        sessions: Sequence[Sequence[DesRequest]],
+        concurrency: int,
+        progress: Progress | None = None,
+    ) -> None:
+        """Like ``bench.loadgen.run_closed_loop``: ``concurrency`` users take sessions
+        in order; each sends a session's requests one after another (``arrival_s``
+        ignored: a request arrives when the user's previous one finished)."""
+        queue = list(range(len(sessions)))[::-1]
+        position: dict[int, tuple[int, int]] = {}  # request index -> (session, turn)
+
+        def send(session: int, turn: int, now: float) -> None:
+            req = sessions[session][turn]
+            index = len(self.results)
+            position[index] = (session, turn)
+            timed = DesRequest(now, req.prompt_tokens, req.output_tokens, req.block_keys,
+                               req.session)  # fmt: skip
+            self.dispatch(index, timed, now)
+
+        def next_session(now: float) -> None:
+            while queue:
+                s = queue.pop()
+                if sessions[s]:
+                    send(s, 0, now)
+                    return
+
+        def on_finish(job: Job, now: float) -> None:
+            session, turn = position.pop(job.result.index)
+            if turn + 1 < len(sessions[session]):
+                send(session, turn + 1, now)
+            else:
+                next_session(now)
+
+        self._on_finish = on_finish
+        for _ in range(max(1, concurrency)):
+            self._at(0.0, lambda _arg, now: next_session(now), None)
+        self._loop(progress)
+
+
+def resolve_spec(profile: Profile | DesPodSpec | str, tiers: str, block_size: int) -> DesPodSpec:
+    if isinstance(profile, DesPodSpec):
+        return profile
+    if isinstance(profile, str):
+        profile = get_profile(profile)
+    return DesPodSpec.from_profile(profile, block_size, tiers)
+
+
+def run_des(
+    workload_requests: Sequence[DesRequest] | Sequence[Sequence[DesRequest]],
+    n_pods: int,
+    strategy: str,
+    profile: Profile | DesPodSpec | str = "original",
+    tiers: str = "L0+L1+L2",
+    *,
+    block_size: int = 16,
+    concurrency: int | None = None,
+    strategy_options: Mapping[str, Any] | None = None,
+    event_delay_s: float = 0.0,
+    scrape_interval_s: float = 2.0,
+    progress: Progress | None = None,
+) -> list[DesResult]:
+    """Simulate ``workload_requests`` on ``n_pods`` pods routed by ``strategy``.
+
+    Open loop (requests arrive at ``arrival_s``) unless ``concurrency`` is given, in
+    which case ``workload_requests`` is a list of sessions replayed closed-loop. A
+    ``DesPodSpec`` as ``profile`` fixes every pod setting (``tiers`` and
+    ``block_size`` are then ignored). ``kv-aware`` gets the profile's cost model
+    unless ``strategy_options`` say otherwise. Results are in request order.
+    """
+    spec = resolve_spec(profile, tiers, block_size)
+    options = dict(strategy_options or {})
+    if (
+        not options
+        and canonical_name(strategy) == "kv-aware"
+        and not isinstance(profile, DesPodSpec)
+    ):
+        prof = get_profile(profile) if isinstance(profile, str) else profile
+        options = {"cost_model": prof.cost_model(spec.block_size)}
+    sim = FleetSim(
+        n_pods,
+        strategy,
+        spec,
+        strategy_options=options,
+        event_delay_s=event_delay_s,
+        scrape_interval_s=scrape_interval_s,
+    )
+    if concurrency is None:
+        sim.run_open(workload_requests, progress)  # type: ignore[arg-type]
+    else:
+        sim.run_closed(workload_requests, concurrency, progress)  # type: ignore[arg-type]
+    return sorted(sim.results, key=lambda r: r.index)
