@@ -124,6 +124,8 @@ class DiscoverySettings(BaseModel):
     kv_events_annotation: str = "kvgate.io/kv-events-port"  # vLLM's ZMQ PUB port
     kv_replay_annotation: str = "kvgate.io/kv-replay-port"  # vLLM's replay ROUTER port
     dp_ranks_annotation: str = "kvgate.io/dp-ranks"
+    kv_events_port: int | None = None  # for pods without the annotations (operator-made)
+    kv_replay_port: int | None = None
     max_pods: int = 1000  # pods beyond this are counted and skipped
     watch_timeout_s: int = 300  # server-side watch timeout; the watch resumes from its version
     backoff_initial_s: float = 0.5  # after an API error; doubled up to backoff_max_s

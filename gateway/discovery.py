@@ -78,8 +78,8 @@ def pod_config(pod: Mapping[str, Any], s: DiscoverySettings) -> PodConfig | None
     ip = str(pod["status"]["podIP"])
     host = f"[{ip}]" if ":" in ip else ip  # IPv6 pod IPs need brackets in URLs
     model = annotations.get(s.model_annotation) or labels.get(s.model_label)
-    events = _port(annotations.get(s.kv_events_annotation))
-    replay = _port(annotations.get(s.kv_replay_annotation))
+    events = _port(annotations.get(s.kv_events_annotation)) or s.kv_events_port
+    replay = _port(annotations.get(s.kv_replay_annotation)) or s.kv_replay_port
     return PodConfig(
         name=str(meta["name"]),
         url=f"{s.scheme}://{host}:{_http_port(pod, s)}",
