@@ -1,0 +1,157 @@
+"""The discrete-event simulator: pod timing, queues, routing and tiers in simulated time."""
+
+import json
+import time
+
+import pytest
+
+from bench.des.sim import run_des
+from bench.des.types import DesPodSpec, DesRequest
+from bench.des.workload import load_mooncake, mooncake_keys, poisson_arrivals
+from bench.podmodel import PodTiming, TierTiming
+from routing.cost_model import CostModel, TierCost
+
+BS = 4
+TIMING = PodTiming(
+    overhead_s=0.1,
+    prefill_tokens_per_s=100.0,
+    kv_bytes_per_token=1000,
+    l1=TierTiming(0.01, 1e6),
+    l2=TierTiming(0.02, 1e6),
+    itl_base_s=0.02,
+    itl_per_seq_s=0.01,
+)
+
+
+def spec(**kw) -> DesPodSpec:
+    base = dict(timing=TIMING, block_size=BS, l0_capacity_blocks=64, max_num_seqs=8)
+    return DesPodSpec(**{**base, **kw})
+
+
+def req(at: float, prompt: int, out: int, prefix: int = 0) -> DesRequest:
+    keys = [prefix * 1000 + i for i in range(prompt // BS)]
+    return DesRequest(at, prompt, out, keys)
+
+
+def test_a_lone_cold_request_takes_alpha_plus_prefill_then_one_itl_per_token():
+    (r,) = run_des([req(1.0, 41, 5)], 1, "round-robin", spec())
+    assert r.ttft_s == pytest.approx(0.1 + 41 / 100)
+    assert r.e2e_s == pytest.approx(r.ttft_s + 4 * (0.02 + 0.01 * 1))
+    assert (r.pod, r.queue_s, r.cached_tokens) == ("pod-0", 0.0, 0)
+
+
+def test_a_repeat_hits_l0_and_prefills_only_the_last_partial_block():
+    first, again = run_des([req(0, 41, 1), req(5, 41, 1)], 1, "round-robin", spec())
+    assert (again.l0_tokens, again.l1_tokens, again.l2_tokens) == (40, 0, 0)
+    assert again.ttft_s == pytest.approx(0.1 + 1 / 100)
+
+
+def test_requests_beyond_max_num_seqs_wait_for_a_slot_in_fifo_order():
+    a, b = run_des([req(0, 40, 3), req(0, 40, 3, prefix=1)], 1, "round-robin",
+                   spec(max_num_seqs=1))  # fmt: skip
+    assert b.queue_s == pytest.approx(a.e2e_s)
+    assert b.ttft_s == pytest.approx(a.e2e_s + a.ttft_s)
+
+
+def test_one_prefill_lane_serialises_prefills_of_running_requests():
+    a, b = run_des([req(0, 40, 1), req(0, 40, 1, prefix=1)], 1, "round-robin", spec())
+    assert (a.ttft_s, b.ttft_s) == pytest.approx((0.5, 1.0))
+    assert b.queue_s == 0.0
+
+
+def test_decode_slows_while_more_requests_run_and_speeds_up_when_they_leave():
+    a, b = run_des([req(0, 40, 3), req(0, 40, 6, prefix=1)], 1, "round-robin",
+                   spec(prefill_concurrency=0))  # fmt: skip
+    assert a.ttft_s == b.ttft_s == pytest.approx(0.5)
+    assert a.e2e_s == pytest.approx(0.5 + 2 * 0.04)  # itl with 2 running
+    assert b.e2e_s == pytest.approx(0.5 + 2 * 0.04 + 3 * 0.03)  # then alone
+
+
+def test_kv_aware_follows_the_cached_prefix_round_robin_does_not():
+    reqs = [req(0, 80, 1), req(2, 12, 1, prefix=7), req(4, 81, 1)]
+    kv = run_des(reqs, 2, "kv-aware", spec(), strategy_options={"calibrate": False})
+    rr = run_des(reqs, 2, "round-robin", spec())
+    assert kv[2].pod == kv[0].pod and kv[2].l0_tokens == 80
+    assert (rr[0].pod, rr[2].pod, rr[2].cached_tokens) == ("pod-0", "pod-0", 80)
+    rr3 = run_des([*reqs[:2], reqs[1], reqs[2]], 2, "round-robin", spec())
+    assert (rr3[3].pod, rr3[3].cached_tokens) == ("pod-1", 0)
+
+
+def test_l2_serves_another_pods_prompt_and_counts_it_cross_pod():
+    tiers = spec(l1_capacity_blocks=64, l2_capacity_blocks=1000)
+    a, b = run_des([req(0, 81, 1), req(5, 81, 1)], 2, "round-robin", tiers)
+    assert (a.pod, b.pod) == ("pod-0", "pod-1")
+    assert (b.l0_tokens, b.l1_tokens, b.l2_tokens, b.l2_cross_pod_tokens) == (0, 0, 80, 80)
+    assert b.ttft_s == pytest.approx(0.02 + 80 * 1000 / 1e6 + 0.1 + 1 / 100)
+
+
+COST = CostModel(
+    kv_bytes_per_token=1000,
+    prefill_tokens_per_s=100.0,
+    prefill_overhead_s=0.1,
+    l1=TierCost(1e6, 0.01, 1.0),
+    l2=TierCost(1e6, 0.02, 1.0),
+    block_size=BS,
+)
+KV_OPTIONS = {"cost_model": COST, "calibrate": False}
+
+
+def test_kv_aware_sees_l2_through_the_index_events():
+    tiers = spec(l2_capacity_blocks=1000, l0_capacity_blocks=1)  # L0 keeps block 0 only
+    out = run_des([req(0, 801, 1), req(100, 801, 1)], 2, "kv-aware", tiers,
+                  strategy_options=KV_OPTIONS)  # fmt: skip
+    assert out[1].predicted_cached_tokens == 800
+    assert (out[1].l0_tokens + out[1].l2_tokens, out[1].reason) == (800, "cache_hit")
+
+
+def test_without_l2_events_the_index_knows_only_l0_but_the_pod_still_loads_l2():
+    tiers = spec(l2_capacity_blocks=1000, l2_events=False, l0_capacity_blocks=1)
+    out = run_des([req(0, 801, 1), req(100, 801, 1)], 2, "kv-aware", tiers,
+                  strategy_options=KV_OPTIONS)  # fmt: skip
+    assert (out[1].pod, out[1].predicted_cached_tokens) == ("pod-0", 4)
+    assert (out[1].l0_tokens, out[1].l2_tokens) == (4, 796)
+
+
+def test_closed_loop_sends_a_sessions_next_turn_when_the_previous_finishes():
+    sessions = [[req(0, 40, 2), req(0, 80, 2)], [req(0, 40, 2, prefix=1)]]
+    out = run_des(sessions, 1, "round-robin", spec(), concurrency=1)
+    assert [r.prompt_tokens for r in out] == [40, 80, 40]
+    assert out[1].arrival_s == pytest.approx(out[0].arrival_s + out[0].e2e_s)
+    assert out[1].l0_tokens == 40
+    assert out[2].arrival_s == pytest.approx(out[1].arrival_s + out[1].e2e_s)
+
+
+def test_mooncake_keys_chain_so_equal_ids_only_match_at_equal_prefixes():
+    a = mooncake_keys([1, 2, 3], 3)
+    assert mooncake_keys([1, 2, 9], 3)[:2] == a[:2] != mooncake_keys([9, 2, 3], 3)[:2]
+    assert len(set(a)) == 3 and mooncake_keys([1, 2], 0) == []
+
+
+def test_mooncake_loader_counts_full_blocks_scales_time_and_repeats(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    rows = [
+        {"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [0, 1, 2]},
+        {"timestamp": 2000, "input_length": 600, "output_length": 0, "hash_ids": [0, 3]},
+    ]
+    trace.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
+    out = load_mooncake(trace, time_scale=2.0, repeat=2)
+    assert [r.arrival_s for r in out] == [0.0, 4.0, 6.0, 10.0]
+    assert [len(r.block_keys) for r in out] == [2, 1, 2, 1]
+    assert out[0].block_keys[0] == out[1].block_keys[0] != out[2].block_keys[0]
+    assert [r.output_tokens for r in out[:2]] == [5, 1]
+
+
+def test_poisson_arrivals_keep_order_and_rate():
+    reqs = [req(0, 40, 1)] * 2000
+    timed = poisson_arrivals(reqs, rate=10.0, seed=1)
+    times = [r.arrival_s for r in timed]
+    assert times == sorted(times)
+    assert len(timed) / times[-1] == pytest.approx(10.0, rel=0.1)
+
+
+def test_sixteen_pods_replay_a_thousand_trace_requests_in_seconds():
+    reqs = load_mooncake("/work/shared/data/mooncake_synthetic_trace.jsonl", limit=1000)
+    started = time.perf_counter()
+    out = run_des(reqs, 16, "kv-aware", "original", "L0+L1+L2", block_size=512)
+    assert len(out) == 1000 and all(r.ttft_s > 0 for r in out)
+    assert time.perf_counter() - started < 20

@@ -1,0 +1,112 @@
+"""The pure pod model shared by the live simulated pod and the discrete-event simulator."""
+
+import pytest
+
+from bench.podmodel import MemoryL2, PodTiming, TieredCache, TierHit, TierTiming
+
+BS = 4
+
+
+def timing(**kw) -> PodTiming:
+    base = dict(
+        overhead_s=0.1,
+        prefill_tokens_per_s=100.0,
+        kv_bytes_per_token=1000,
+        l1=TierTiming(0.01, 1e6),
+        l2=TierTiming(0.05, 1e5),
+        itl_base_s=0.02,
+        itl_per_seq_s=0.005,
+    )
+    return PodTiming(**{**base, **kw})
+
+
+def test_plan_charges_alpha_uncached_prefill_and_each_tier_load():
+    plan = timing().plan(41, TierHit(l0=2, l1=3, l2=4), BS)
+    assert (plan.l0_tokens, plan.l1_tokens, plan.l2_tokens) == (8, 12, 16)
+    assert plan.cached_tokens == 36 and plan.external_tokens == 28
+    assert plan.load_s == pytest.approx((0.01 + 12 * 1000 / 1e6) + (0.05 + 16 * 1000 / 1e5))
+    assert plan.compute_s == pytest.approx(0.1 + 5 / 100)
+    assert plan.ttft_s == pytest.approx(plan.load_s + plan.compute_s)
+
+
+def test_a_tier_with_no_tokens_costs_nothing_not_even_its_latency():
+    assert timing().load_s(0, 0) == 0.0
+
+
+def test_inter_token_latency_grows_with_running_requests():
+    t = timing()
+    assert [t.itl_s(n) for n in (1, 2, 10)] == pytest.approx([0.025, 0.03, 0.07])
+
+
+def test_negative_timings_are_rejected():
+    with pytest.raises(ValueError):
+        timing(itl_per_seq_s=-1)
+
+
+def test_lookup_continues_l0_prefix_in_l1_then_l2_and_caps_at_last_token():
+    l2 = MemoryL2(100)
+    cache = TieredCache(l0_capacity=8, l1_capacity=8, l2=l2, name="a")
+    cache.l0.insert(["k0"])
+    cache.l1.put(["k1", "k2"])
+    l2.put(["k0", "k1", "k2", "k3", "k4", "k5"], "b")
+    keys = ["k0", "k1", "k2", "k3", "k4", "k5"]
+    assert cache.lookup(keys, prompt_tokens=6 * BS + 1, block_size=BS) == TierHit(1, 2, 3)
+    # A block-aligned prompt recomputes its last block: the hit stops one short.
+    assert cache.lookup(keys, prompt_tokens=6 * BS, block_size=BS) == TierHit(1, 2, 2)
+
+
+def test_admit_promotes_loaded_blocks_into_l0_and_writes_through_to_l1():
+    cache = TieredCache(l0_capacity=8, l1_capacity=8, l1_policy="write-through")
+    done = cache.admit(["a", "b", "c"], TierHit())
+    assert (done.l0.stored, done.l0.held) == (["a", "b", "c"], 3)
+    assert sorted(done.l1.stored) == ["a", "b", "c"]
+    assert cache.lookup(["a", "b", "c"], 13, BS) == TierHit(3, 0, 0)
+
+
+def test_evict_policy_offloads_exactly_what_l0_evicts():
+    cache = TieredCache(l0_capacity=2, l1_capacity=8, l1_policy="evict")
+    cache.admit(["a", "b"], TierHit())
+    done = cache.admit(["x", "y"], TierHit())
+    assert done.l0.evicted == ["b", "a"]  # a chain's tail goes first, like vLLM
+    assert done.l1.stored == ["b", "a"]
+    assert cache.lookup(["a", "b"], 9, BS) == TierHit(0, 2, 0)
+
+
+def test_l1_evictions_are_reported_and_never_also_reported_as_stored():
+    cache = TieredCache(l0_capacity=1, l1_capacity=1, l1_policy="evict")
+    cache.admit(["a"], TierHit())
+    cache.admit(["b"], TierHit())  # a -> L1
+    done = cache.admit(["c"], TierHit())  # b -> L1 evicts a
+    assert (done.l1.stored, done.l1.evicted) == (["b"], ["a"])
+
+
+def test_l2_is_shared_between_pods_and_records_its_writer():
+    l2 = MemoryL2(10)
+    a = TieredCache(4, l2=l2, name="pod-a")
+    b = TieredCache(4, l2=l2, name="pod-b")
+    assert a.write_l2(["k0", "k1"]).stored == ["k0", "k1"]
+    assert b.lookup(["k0", "k1"], 2 * BS + 1, BS) == TierHit(0, 0, 2)
+    assert (l2.writer("k0"), len(l2)) == ("pod-a", 2)
+    assert b.write_l2(["k0", "k1"]).stored == []  # already there: only touched
+
+
+def test_l2_capacity_evicts_least_recently_used_files():
+    l2 = MemoryL2(2)
+    l2.put(["a", "b"], "p")
+    l2.touch(["a"])
+    result = l2.put(["c"], "p")
+    assert (result.stored, result.evicted) == (["c"], ["b"])
+
+
+def test_reset_clears_l0_and_l1_but_not_the_shared_l2():
+    l2 = MemoryL2(10)
+    cache = TieredCache(4, 4, l2=l2)
+    cache.admit(["a"], TierHit())
+    cache.write_l2(["a"])
+    assert cache.clear() == 2
+    assert cache.lookup(["a"], BS + 1, BS) == TierHit(0, 0, 1)
+
+
+def test_unknown_l1_policy_is_rejected():
+    with pytest.raises(ValueError):
+        TieredCache(4, 4, l1_policy="sometimes")
