@@ -1,0 +1,274 @@
+"""deploy/: every manifest is a valid Kubernetes object and says what the docs promise.
+
+Kinds Kubernetes defines are validated (strict) against the schemas that ship inside
+the ``kubernetes-validate`` package (offline). Custom resources we do not own
+(ServiceMonitor, InferenceEndpointConfig) and CSI StorageClass parameters are checked
+for well-formed YAML and their required fields. Kustomizations are resolved here
+(resources and patches, recursively) and, where ``kubectl`` is installed, built with
+``kubectl kustomize`` and the output validated too.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gateway.config import load_settings
+
+DEPLOY = Path(__file__).parents[2] / "deploy"
+OVERLAYS = sorted(p.name for p in (DEPLOY / "overlays").iterdir() if p.is_dir())
+K8S_VERSION = "1.31.0"
+CUSTOM = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("inference.sagemaker.aws.amazon.com/v1", "InferenceEndpointConfig"),
+}
+
+
+def load_docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def kustomization(directory: Path) -> dict[str, Any]:
+    return yaml.safe_load((directory / "kustomization.yaml").read_text())
+
+
+def resolve(directory: Path) -> tuple[list[Path], list[Path]]:
+    """(resource files, patch files) a kustomization pulls in, following directories."""
+    k = kustomization(directory)
+    files: list[Path] = []
+    patches = [(directory / p["path"]).resolve() for p in k.get("patches", [])]
+    for entry in k.get("resources", []):
+        target = (directory / entry).resolve()
+        if target.is_dir():
+            sub_files, sub_patches = resolve(target)
+            files += sub_files
+            patches += sub_patches
+        else:
+            assert target.is_file(), f"{directory}: missing resource {entry}"
+            files.append(target)
+    for gen in k.get("configMapGenerator", []):
+        for f in gen.get("files", []):
+            assert (directory / f).is_file(), f"{directory}: missing generator file {f}"
+    return files, patches
+
+
+@functools.cache
+def all_objects() -> list[tuple[Path, dict[str, Any]]]:
+    out = []
+    for path in sorted(DEPLOY.rglob("*.yaml")):
+        if path.name != "kustomization.yaml" and path not in patch_files():
+            out += [(path, doc) for doc in load_docs(path)]
+    return out
+
+
+@functools.cache
+def patch_files() -> frozenset[Path]:
+    found: set[Path] = set()
+    for overlay in OVERLAYS:
+        found |= set(resolve(DEPLOY / "overlays" / overlay)[1])
+    return frozenset(found)
+
+
+def find(kind: str, name: str, objects: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    pool = objects if objects is not None else [doc for _, doc in all_objects()]
+    matches = [d for d in pool if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(matches) == 1, f"{kind}/{name}: {len(matches)} found"
+    return matches[0]
+
+
+def container(deployment: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(
+        c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == name
+    )
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def test_every_builtin_kind_validates_strictly_against_the_kubernetes_schema():
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    objects = all_objects()
+    assert len(objects) >= 15
+    for path, doc in objects:
+        if (doc["apiVersion"], doc["kind"]) in CUSTOM:
+            continue
+        try:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{path.relative_to(DEPLOY)} {doc['kind']}: {exc.message}")
+
+
+def test_every_manifest_is_used_by_some_overlay():
+    used: set[Path] = set()
+    for overlay in OVERLAYS:
+        files, patches = resolve(DEPLOY / "overlays" / overlay)
+        used |= set(files) | set(patches)
+    on_disk = {p.resolve() for p in DEPLOY.rglob("*.yaml") if p.name != "kustomization.yaml"}
+    assert on_disk - used == set()
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_builds_with_kubectl_kustomize_and_output_validates(overlay):
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not installed (its built-in kustomize builds the overlays)")
+    out = subprocess.run(
+        [kubectl, "kustomize", str(DEPLOY / "overlays" / overlay)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    for doc in docs:
+        if doc["kind"] != "Namespace" and (doc["kind"], doc["apiVersion"]) != (
+            "StorageClass",
+            "storage.k8s.io/v1",
+        ):
+            assert doc["metadata"]["namespace"] == "inference", doc["metadata"]["name"]
+        if (doc["apiVersion"], doc["kind"]) not in CUSTOM:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    kinds = sorted({d["kind"] for d in docs})
+    assert {"Namespace", "ServiceAccount", "Role", "RoleBinding", "ConfigMap"} <= set(kinds)
+
+
+def test_service_monitor_has_its_required_fields_and_scrapes_the_kvgate_service():
+    sm = find("ServiceMonitor", "kvgate")
+    service = find("Service", "kvgate", load_docs(DEPLOY / "kvgate/gateway/service.yaml"))
+    assert sm["spec"]["selector"]["matchLabels"] == service["metadata"]["labels"]
+    assert [(e["port"], e["path"]) for e in sm["spec"]["endpoints"]] == [("http", "/metrics")]
+    assert service["spec"]["ports"][0]["name"] == "http"
+
+
+def test_hyperpod_endpoint_has_required_fields_and_the_l2_override():
+    iec = find("InferenceEndpointConfig", "qwen2-7b")
+    spec = iec["spec"]
+    for field in ("modelName", "instanceType", "modelSourceConfig", "worker"):
+        assert field in spec, field
+    assert spec["kvCacheSpec"] == {
+        "enableL1Cache": True,
+        "enableL2Cache": True,
+        "l2CacheSpec": {"l2CacheBackend": "tieredstorage"},
+    }
+    assert spec["intelligentRoutingSpec"]["routingStrategy"] in {
+        "prefixaware",
+        "kvaware",
+        "roundrobin",
+        "session",
+    }
+    env = {e["name"]: e["value"] for e in spec["worker"]["environmentVariables"]}
+    assert env["PYTHONHASHSEED"] == "0"
+    assert env["LMCACHE_CHUNK_SIZE"] == "256"
+    assert env["LMCACHE_REMOTE_URL"] == "fs://localhost:0/mnt/kv-l2/lmcache"
+
+
+def test_curvine_storage_class_and_claim_give_a_shared_read_write_many_l2():
+    sc = find("StorageClass", "curvine-kv")
+    pvc = find("PersistentVolumeClaim", "kv-l2")
+    assert sc["provisioner"] == "curvine"
+    assert {"master-addrs", "fs-path"} <= set(sc["parameters"])
+    assert all(":" in a for a in sc["parameters"]["master-addrs"].split(","))
+    assert pvc["spec"]["storageClassName"] == "curvine-kv"
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+def test_native_vllm_publishes_events_and_tiers_l1_memory_and_remote_l2_on_the_pvc():
+    vllm = find("Deployment", "vllm", load_docs(DEPLOY / "vllm/native/deployment.yaml"))
+    args = container(vllm, "vllm")["args"]
+    assert "--enable-prefix-caching" in args
+    assert json.loads(flag(args, "--kv-events-config")) == {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": "tcp://*:5557",
+        "replay_endpoint": "tcp://*:5558",
+        "topic": "kv-events",
+    }
+    transfer = json.loads(flag(args, "--kv-transfer-config"))
+    extra = transfer["kv_connector_extra_config"]
+    assert (transfer["kv_connector"], extra["spec_name"]) == (
+        "OffloadingConnector",
+        "TieringOffloadingSpec",
+    )
+    assert extra["cpu_bytes_to_use"] == 64 * 2**30
+    [tier] = extra["secondary_tiers"]
+    assert (tier["type"], tier["locality"], tier["root_dir"]) == ("fs", "REMOTE", "/mnt/kv-l2/vllm")
+    mounts = {m["name"]: m["mountPath"] for m in container(vllm, "vllm")["volumeMounts"]}
+    assert mounts["kv-l2"] == "/mnt/kv-l2"
+
+
+def test_lmcache_vllm_uses_256_token_chunks_fs_l2_on_the_pvc_and_a_fixed_hash_seed():
+    vllm = find("Deployment", "vllm", load_docs(DEPLOY / "vllm/lmcache/deployment.yaml"))
+    c = container(vllm, "vllm")
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["PYTHONHASHSEED"] == "0"
+    cm = find("ConfigMap", "lmcache-config")
+    config = yaml.safe_load(cm["data"]["lmcache.yaml"])
+    assert config["chunk_size"] == 256
+    assert config["remote_url"] == "fs://localhost:0/mnt/kv-l2/lmcache"
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert config["remote_url"].startswith(f"fs://localhost:0{mounts['kv-l2']}/")
+    assert env["LMCACHE_CONFIG_FILE"] == f"{mounts['lmcache-config']}/lmcache.yaml"
+    assert json.loads(flag(c["args"], "--kv-transfer-config"))["kv_connector"] == (
+        "LMCacheConnectorV1"
+    )
+
+
+@pytest.mark.parametrize("variant", ["native", "lmcache"])
+def test_vllm_pods_carry_the_labels_and_annotations_discovery_reads(variant):
+    vllm = find("Deployment", "vllm", load_docs(DEPLOY / f"vllm/{variant}/deployment.yaml"))
+    meta = vllm["spec"]["template"]["metadata"]
+    assert meta["labels"]["kvgate.io/pool"] == "default"
+    assert meta["labels"]["kvgate.io/model"] == "qwen2-7b"
+    ports = {p["name"]: p["containerPort"] for p in container(vllm, "vllm")["ports"]}
+    assert ports == {"http": 8000, "kv-events": 5557, "kv-replay": 5558}
+    assert meta["annotations"] == {
+        "kvgate.io/kv-events-port": "5557",
+        "kvgate.io/kv-replay-port": "5558",
+    }
+
+
+def test_redis_keeps_nothing_on_disk_and_evicts_lru_under_a_memory_cap():
+    redis = find("Deployment", "kvgate-redis")
+    args = container(redis, "redis")["args"]
+    assert flag(args, "--save") == ""
+    assert flag(args, "--appendonly") == "no"
+    assert flag(args, "--maxmemory") == "3gb"
+    assert flag(args, "--maxmemory-policy") == "allkeys-lru"
+
+
+def test_kvgate_config_map_and_env_load_as_gateway_settings(tmp_path, monkeypatch):
+    cm = find("ConfigMap", "kvgate-config")
+    path = tmp_path / "config.yaml"
+    path.write_text(cm["data"]["config.yaml"])
+    gw = find("Deployment", "kvgate")
+    assert gw["spec"]["replicas"] >= 2
+    for env in container(gw, "kvgate")["env"]:
+        monkeypatch.setenv(env["name"], env["value"])
+    settings = load_settings(path)
+    assert (settings.index.backend, settings.index.redis_url) == (
+        "redis",
+        "redis://kvgate-redis:6379/0",
+    )
+    assert settings.discovery.enabled is True
+    assert settings.discovery.label_selector == "kvgate.io/pool=default"
+    assert settings.strategy == "kv-aware"
+    assert settings.models["qwen2-7b"].block_size == 16
+
+
+def test_kvgate_rbac_grants_only_reading_pods():
+    role = find("Role", "kvgate-pod-reader")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    ]
+    binding = find("RoleBinding", "kvgate-pod-reader")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "kvgate"}]
+    gw = find("Deployment", "kvgate")
+    assert gw["spec"]["template"]["spec"]["serviceAccountName"] == "kvgate"
