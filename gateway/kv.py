@@ -82,6 +82,7 @@ class KvIndex:
         self._engines: dict[str, EngineTokenizer] = {}
         self._subscribers: dict[str, KVEventSubscriber] = {}
         self._http_ingestors: dict[str, PodIngestor] = {}
+        self._rotation = 0
 
     # -- per-model pieces --
 
@@ -142,7 +143,9 @@ class KvIndex:
 
     async def _tokens(self, parsed: ParsedRequest, model: str, pods: list[Pod]) -> list[int] | None:
         tok = self.tokenization(model)
-        engine = self._engine_for(pods[0]) if pods else None
+        # Spread engine-mode tokenization over the pods rather than loading the first.
+        self._rotation += 1
+        engine = self._engine_for(pods[self._rotation % len(pods)]) if pods else None
         body = parsed.body
         if parsed.kind == "chat":
             return await tok.chat(
