@@ -1,0 +1,27 @@
+# kvgate gateway image: `docker build -t kvgate:0.1.0 .`
+# Two stages: wheels are built with pip's full toolchain, the runtime stage only
+# installs them (runtime dependencies from pyproject.toml; no test extras).
+
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY gateway ./gateway
+COPY routing ./routing
+COPY kvindex ./kvindex
+COPY bench ./bench
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+
+FROM python:3.11-slim
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    HF_HUB_OFFLINE=1 \
+    HF_HOME=/tmp/hf
+RUN useradd --create-home --uid 10001 --user-group kvgate
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir --no-index /wheels/*.whl && rm -rf /wheels
+USER 10001:10001
+WORKDIR /home/kvgate
+EXPOSE 8000
+HEALTHCHECK --interval=10s --timeout=3s --start-period=15s --retries=3 \
+    CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=2).status != 200)"]
+ENTRYPOINT ["kvgate", "serve"]
