@@ -46,3 +46,28 @@ def test_flags_set_timing_in_milliseconds_and_vllm_named_fields():
 
 def test_hash_seed_is_random_per_process_by_default():
     assert parse().hash_seed != parse().hash_seed
+
+
+def test_profile_sets_timing_and_single_flags_override_it():
+    cfg = parse("--profile", "original", "--block-size", "32", "--itl-ms", "7")
+    timing = cfg.timing()
+    assert timing.kv_bytes_per_token == 57_344
+    assert round(timing.prefill_tokens_per_s) == 3653
+    assert round(cfg.l2_latency_s * 1000, 1) == 124.6
+    assert cfg.l0_capacity_blocks == 110_000 // 32
+    assert (cfg.itl_s, cfg.itl_per_seq_s) == (0.007, 0.0002)
+
+
+def test_tier_flags_map_onto_l1_and_shared_l2_settings(tmp_path):
+    cfg = parse(
+        "--l1-capacity-blocks", "100", "--l1-policy", "evict", "--l1-gb-per-s", "8",
+        "--l2-dir", str(tmp_path), "--l2-capacity-blocks", "50", "--l2-latency-ms", "3",
+        "--l2-events", "none", "--l2-hash-seed", "fleet", "--port", "9001",
+    )  # fmt: skip
+    assert (cfg.l1_capacity_blocks, cfg.l1_policy, cfg.l1_bandwidth_bytes_per_s) == (
+        100,
+        "evict",
+        8e9,
+    )
+    assert (cfg.l2_dir, cfg.l2_capacity_blocks, cfg.l2_latency_s) == (tmp_path, 50, 0.003)
+    assert (cfg.l2_events, cfg.l2_hash_seed, cfg.pod_name) == ("none", "fleet", "127.0.0.1:9001")
