@@ -215,6 +215,8 @@ def run_cell(plan: FleetPlan, workload: Workload, tier: str, load: Load, router:
                     cell.decision_ms = routing_decision_ms(url)
         except PeerUnavailable as exc:
             cell.skipped = f"{router} unavailable: {exc}"
+        except (TimeoutError, RuntimeError) as exc:  # a pod or gateway did not come up
+            cell.skipped = f"did not start: {str(exc).splitlines()[0][:160]}"
     return cell
 
 

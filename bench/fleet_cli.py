@@ -38,6 +38,7 @@ def add_fleet(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--redis", action="store_true", help="kvgate's index in a real redis-server")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("reports/fleet"))
+    p.add_argument("--doc", type=Path, help="also write the report here (docs/BENCHMARKS.md)")
     p.set_defaults(bench_func=run_fleet_cli)
 
 
@@ -91,4 +92,8 @@ def run_fleet_cli(args: argparse.Namespace) -> int:
     plan.profile = args.profile
     plan.redis = args.redis
     cells = run_and_report(plan, args.out)
+    if args.doc is not None:
+        from bench.report import write_benchmarks_doc
+
+        print(f"doc: {write_benchmarks_doc(args.out / 'report.md', args.doc)}")
     return 0 if all(c.summary is None or c.summary.errors == 0 for c in cells) else 1

@@ -4,8 +4,8 @@ Read after each benchmark cell from every pod (fresh pods per cell, so counters
 are the cell's own): ``/metrics`` (any vLLM: ``vllm:time_to_first_token_seconds``,
 ``vllm:prompt_tokens``, ``vllm:prompt_tokens_cached``) and, on simulated pods,
 ``/sim/state`` for the per-tier split. The per-tier keys are read tolerantly
-(``hit_tokens`` or ``hit_blocks`` per tier entry; ``cross_pod_hit_tokens`` /
-``_blocks`` on the L2 entry or at top level) so the report works before and
+(``cached_tokens_by_tier`` and ``l2_cross_pod_tokens`` as bench.sim reports
+them; else ``hit_tokens``/``hit_blocks`` per tier entry) so the report works before and
 after the simulator grows tiers, and says "n/a" when a pod does not tell.
 """
 
@@ -76,6 +76,11 @@ def tier_tokens_from_state(state: dict[str, Any]) -> tuple[dict[str, int], bool]
     """Tokens served per tier; (split, True) when the pod reports one per tier."""
     bs = int(state.get("block_size", 1) or 1)
     tiers = [t for t in state.get("tiers", []) if isinstance(t, dict)]
+    by_tier = state.get("cached_tokens_by_tier")
+    if isinstance(by_tier, dict):  # bench.sim since tiers: every configured tier, 0 included
+        split = {str(t.get("name")): 0 for t in tiers}
+        split |= {str(k): int(v) for k, v in by_tier.items() if isinstance(v, int | float)}
+        return split, True
     split: dict[str, int] = {}
     for t in tiers:
         n = _tokens(t, "hit", bs)
@@ -90,6 +95,8 @@ def tier_tokens_from_state(state: dict[str, Any]) -> tuple[dict[str, int], bool]
 
 
 def cross_pod_from_state(state: dict[str, Any]) -> int | None:
+    if isinstance(state.get("l2_cross_pod_tokens"), int):
+        return int(state["l2_cross_pod_tokens"])
     bs = int(state.get("block_size", 1) or 1)
     entries = [state, *[t for t in state.get("tiers", []) if isinstance(t, dict)]]
     for entry in entries:

@@ -30,7 +30,7 @@ QUICK_POD: dict[str, Any] = {
     "overhead_s": 0.02,
     "prefill_tokens_per_s": 4000.0,
     "itl_s": 0.01,
-    "l0_capacity_blocks": 512,
+    "l0_capacity_blocks": 256,
     "max_num_seqs": 8,
     "prefill_concurrency": 1,
 }
@@ -73,13 +73,13 @@ def build_workloads(
     out: list[Workload] = []
     for name in names:
         if name == "rag":
-            out.append(rag_workload(tok, docs=16, requests=preset.requests, seed=seed))
+            out.append(rag_workload(tok, docs=12, requests=preset.requests, seed=seed))
         elif name == "prefix":
             out.append(
                 prefix_groups_workload(
                     tok,
                     fleet_l0_tokens,
-                    k=0.5,
+                    k=0.75,
                     prefix_tokens=2000,
                     requests=preset.requests,
                     seed=seed,

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -71,7 +72,7 @@ class Headline:
     load: str
     round_robin_p90_ms: float | None
     kv_aware_p90_ms: float | None
-    cross_pod_rate: float | None
+    cross_pod: dict[str, float]  # router -> share of its L2-served tokens another pod computed
     peers: dict[str, str]  # peer -> "1.8x kv-aware's p90" or the reason it has no number
 
     @property
@@ -97,8 +98,13 @@ def headlines(cells: list[Cell]) -> list[Headline]:
                 peers[name] = (
                     f"p90 {p:.0f} ms = {p / k:.2f}x kv-aware's" if p and k else group[name].skipped
                 )
-        cross = kv.stats.cross_pod_rate if kv is not None and kv.stats else None
-        out.append(Headline(*key, _p90(group.get("round-robin")), _p90(kv), cross, peers))
+        rr = group.get("round-robin")
+        cross = {
+            name: c.stats.cross_pod_rate
+            for name, c in (("round-robin", rr), ("kv-aware", kv))
+            if c is not None and c.stats is not None and c.stats.cross_pod_rate is not None
+        }
+        out.append(Headline(*key, _p90(rr), _p90(kv), cross, peers))
     return out
 
 
@@ -106,7 +112,8 @@ def headline_rows(heads: list[Headline]) -> list[list[str]]:
     return [
         [
             h.workload, h.tiers, h.load, _ms(h.round_robin_p90_ms), _ms(h.kv_aware_p90_ms),
-            "n/a" if h.speedup is None else f"{h.speedup:.1f}x", _pct(h.cross_pod_rate),
+            "n/a" if h.speedup is None else f"{h.speedup:.1f}x",
+            ", ".join(f"{k} {v:.0%}" for k, v in h.cross_pod.items()) or "n/a",
             "; ".join(f"{k}: {v}" for k, v in h.peers.items()) or "not asked",
         ]
         for h in heads
@@ -115,7 +122,7 @@ def headline_rows(heads: list[Headline]) -> list[list[str]]:
 
 HEADLINE_COLUMNS = (
     "workload", "tiers", "load", "round-robin p90 ms", "kv-aware p90 ms",
-    "kv-aware vs round-robin", "cross-pod L2 (kv-aware)", "peers",
+    "kv-aware vs round-robin", "cross-pod L2 share", "peers",
 )  # fmt: skip
 
 
@@ -225,3 +232,22 @@ def write_report(cells: list[Cell], plan: FleetPlan, out_dir: Path, command: str
     }
     (out_dir / "results.json").write_text(json.dumps(data, indent=2, default=str))
     return path
+
+
+DOC_HEADER = """# Benchmarks
+
+Generated, never typed: every number and plot below comes from the command in the
+first table, run on the machine it names. Rerun it to refresh this page (it
+overwrites the PNGs under the report directory and this file).
+
+"""
+
+
+def write_benchmarks_doc(report_md: Path, doc: Path) -> Path:
+    """Copy the report into ``doc`` with image links made relative to ``doc``'s folder."""
+    rel = os.path.relpath(report_md.parent.resolve(), doc.parent.resolve())
+    body = report_md.read_text().split("\n", 1)[1]  # drop the report's own title
+    body = re.sub(r"\]\(([^)/]+\.png)\)", lambda m: f"]({rel}/{m.group(1)})", body)
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(DOC_HEADER + body.lstrip("\n"))
+    return doc
