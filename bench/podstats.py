@@ -77,10 +77,10 @@ def tier_tokens_from_state(state: dict[str, Any]) -> tuple[dict[str, int], bool]
     bs = int(state.get("block_size", 1) or 1)
     tiers = [t for t in state.get("tiers", []) if isinstance(t, dict)]
     by_tier = state.get("cached_tokens_by_tier")
-    if isinstance(by_tier, dict):  # bench.sim since tiers: every configured tier, 0 included
-        split = {str(t.get("name")): 0 for t in tiers}
-        split |= {str(k): int(v) for k, v in by_tier.items() if isinstance(v, int | float)}
-        return split, True
+    if isinstance(by_tier, dict):  # bench.sim since tiers; only the tiers the pod has count
+        return {
+            name: int(by_tier.get(name, 0) or 0) for name in (str(t.get("name")) for t in tiers)
+        }, True
     split: dict[str, int] = {}
     for t in tiers:
         n = _tokens(t, "hit", bs)
