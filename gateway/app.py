@@ -50,8 +50,8 @@ def create_app(settings: Settings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         limits = httpx.Limits(
-            max_connections=settings.max_connections_per_pod * max(1, len(settings.pods)),
-            max_keepalive_connections=settings.max_connections_per_pod,
+            max_connections=settings.max_upstream_connections,
+            max_keepalive_connections=settings.max_upstream_connections,
             keepalive_expiry=30,
         )
         async with httpx.AsyncClient(limits=limits, timeout=settings.timeouts.total_s) as client:

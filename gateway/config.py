@@ -154,7 +154,7 @@ class Settings(BaseSettings):
     health: HealthSettings = Field(default_factory=HealthSettings)
     retry: RetrySettings = Field(default_factory=RetrySettings)
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
-    max_connections_per_pod: int = 1000
+    max_upstream_connections: int = 4096  # pooled HTTP connections to all pods together
     log_level: str = "info"
 
     @field_validator("api_keys", mode="before")

@@ -168,9 +168,8 @@ class KvIndex:
         return None  # batched prompts are not routed by cache
 
     async def speculate(self, pod: str, keys: list[int]) -> None:
-        speculate = getattr(self.store, "speculate", None)
-        if speculate is not None and keys:
-            await speculate(pod, keys, self._s.index.speculative_ttl_s)
+        if keys:
+            await self.store.speculate(pod, keys, self._s.index.speculative_ttl_s)
 
     # -- pods and events --
 

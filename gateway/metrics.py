@@ -90,6 +90,12 @@ class GatewayMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
+        self.predicted_tokens = Counter(
+            "kvgate_predicted_tokens",
+            "Prompt tokens the routing decision expected the chosen pod to find, by tier.",
+            ["strategy", "tier"],
+            registry=registry,
+        )
         self.cached_tokens = Counter(
             "kvgate_prompt_tokens",
             "Prompt tokens reported by pods, split into cached and computed.",

@@ -360,6 +360,11 @@ class Proxy:
         m.latency.labels(a.model, a.pod.name, a.strategy).observe(time.perf_counter() - a.arrived)
         if a.ttft_s is not None:
             m.ttft.labels(a.model, a.pod.name, a.strategy).observe(a.ttft_s)
+        d = a.decision
+        if d.predicted_ttft_s is not None:
+            for tier, n in (("L0", d.predicted_l0_tokens), ("L1", d.predicted_l1_tokens),
+                            ("L2", d.predicted_l2_tokens)):  # fmt: skip
+                m.predicted_tokens.labels(a.strategy, tier).inc(n)
         prompt_tokens, cached = _token_counts(usage)
         if prompt_tokens is not None:
             cached_n = cached or 0

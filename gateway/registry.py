@@ -163,6 +163,8 @@ class PodRegistry:
 
     async def probe(self, pod: Pod) -> None:
         ok = await self._probe_once(pod)
+        if self._pods.get(pod.name) is not pod:
+            return  # removed (discovery) while the probe was in flight: do not re-admit
         pod.last_probe = time.monotonic()
         if ok:
             pod.failed_probes = 0

@@ -28,6 +28,12 @@ class RecordingStore:
     async def match(self, keys: Sequence[int], block_size: int) -> PrefixMatch:
         return PrefixMatch.empty(total_blocks=len(keys), block_size=block_size)
 
+    async def speculate(self, pod: str, keys: Sequence[int], ttl_s: float) -> None:
+        return None  # a recorder learns only from events
+
+    async def l2_writers(self, keys: Sequence[int]) -> dict[str, int]:
+        return {}
+
     async def drop_pod(self, pod: str) -> None:
         self.dropped.append(pod)
 
