@@ -165,6 +165,8 @@ def environment(plan: FleetPlan, command: str) -> dict[str, str]:
     env = {
         "command": command,
         "machine": f"{os.cpu_count()} CPUs ({_cpu_model()}), {_ram_gib()} RAM",
+        "load average when written": " / ".join(f"{x:.1f}" for x in os.getloadavg())
+        + " (1/5/15 min; other work on the machine inflates TTFT)",
         "python": platform.python_version(),
         "kvgate git sha": _git_sha(),
         "seed": str(plan.seed),
