@@ -220,6 +220,16 @@ def run_cell(plan: FleetPlan, workload: Workload, tier: str, load: Load, router:
     return cell
 
 
+def run_cell_retrying(
+    plan: FleetPlan, workload: Workload, tier: str, load: Load, router: str
+) -> Cell:
+    """``run_cell``, tried once more when the fleet did not start (a port taken meanwhile)."""
+    cell = run_cell(plan, workload, tier, load, router)
+    if cell.skipped.startswith("did not start"):
+        cell = run_cell(plan, workload, tier, load, router)
+    return cell
+
+
 def run_fleet(plan: FleetPlan, on_cell: Any = None) -> list[Cell]:
     """Every workload x tier setup x load x router, in that nesting order."""
     cells: list[Cell] = []
@@ -229,7 +239,7 @@ def run_fleet(plan: FleetPlan, on_cell: Any = None) -> list[Cell]:
         for tier in tiers:
             for load in loads:
                 for router in plan.routers:
-                    cell = run_cell(plan, workload, tier, load, router)
+                    cell = run_cell_retrying(plan, workload, tier, load, router)
                     cells.append(cell)
                     if on_cell is not None:
                         on_cell(cell)
