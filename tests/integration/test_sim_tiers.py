@@ -131,9 +131,12 @@ def l2_pair(tmp_path_factory):
 
 def test_original_profile_cross_pod_l2_hit_is_2_7x_faster_at_2500_tokens(l2_pair):
     (pod_a, pod_b), _ = l2_pair
-    prompt = prompt_of(2500, 4)
-    cold = ttft(pod_a, prompt)  # computes and writes through to the shared dir
-    hit = ttft(pod_b, prompt)  # other pod, cold L0/L1: served from L2
+    colds, hits = [], []
+    for salt in (40, 41, 42):  # fresh prompts; the minimum filters scheduling noise
+        prompt = prompt_of(2500, salt)
+        colds.append(ttft(pod_a, prompt))  # computes and writes through to the shared dir
+        hits.append(ttft(pod_b, prompt))  # other pod, cold L0/L1: served from L2
+    cold, hit = min(colds), min(hits)
     # What HTTP, JSON and hashing add on this (shared, busy) machine is not part of
     # the model: measure it on L0 repeats, whose modelled TTFT is alpha + 4 tokens.
     timing = get_profile("original").timing
@@ -148,8 +151,9 @@ def test_original_profile_cross_pod_l2_hit_is_2_7x_faster_at_2500_tokens(l2_pair
     assert hit - overhead == pytest.approx(hit_model, rel=0.15)
     assert (cold - overhead) / (hit - overhead) == pytest.approx(2.7, rel=0.15)
     state = httpx.get(pod_b.url + "/sim/state").json()
-    assert (state["cached_tokens_by_tier"]["L2"], state["l2_cross_pod_tokens"]) == (loaded, loaded)
-    assert metric(pod_b, "vllm:external_prefix_cache_hits_total") == loaded
+    l2_tokens = (state["cached_tokens_by_tier"]["L2"], state["l2_cross_pod_tokens"])
+    assert l2_tokens == (3 * loaded, 3 * loaded)
+    assert metric(pod_b, "vllm:external_prefix_cache_hits_total") == 3 * loaded
     assert metric(pod_b, "vllm:prefix_cache_hits_total") == 3 * loaded  # the L0 repeats
 
 
