@@ -1,85 +1,78 @@
-"""Recorded vLLM 0.32 event batches (tests/data/vllm-events/): router keys learnt from
-the events equal BlockKeyer keys of the recorded token ids.
+"""Real vLLM 0.32 event frames (tests/data/vllm-events/, see its README): the router
+keys kvindex learns from them equal BlockKeyer keys of the requests' own token ids
+(as the server's /tokenize returned them), with and without cache_salt."""
 
-Accepted files: ``*.msgpack`` (one raw payload each) and ``*.jsonl`` (one object per
-line with the payload as hex under ``payload_hex`` or ``payload``). Skipped while the
-directory is empty.
-"""
-
-import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from kvindex.events.ingest import PodIngestor
 from kvindex.events.recording import RecordingStore
-from kvindex.events.translate import cache_salt_of
-from kvindex.events.types import EngineStored
-from kvindex.events.vllm_adapter import decode_payload, tier_of
 from kvindex.keyer import BlockKeyer
-from kvindex.store import Stored
+from kvindex.store import Cleared, Removed, Stored
+from kvindex.types import Tier
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "vllm-events"
+FILES = sorted(DATA.glob("vllm-0.32-*.msgpack"))
 
 
-def recorded_payloads():
-    payloads = []
-    for path in sorted(DATA.glob("*")) if DATA.is_dir() else []:
-        if path.suffix == ".msgpack":
-            payloads.append(path.read_bytes())
-        elif path.suffix == ".jsonl":
-            for line in path.read_text().splitlines():
-                if line.strip():
-                    obj = json.loads(line)
-                    raw = obj.get("payload_hex") or obj.get("payload")
-                    if isinstance(raw, str):
-                        payloads.append(bytes.fromhex(raw))
-    return payloads
+def load(path: Path) -> dict:
+    return msgspec.msgpack.decode(path.read_bytes())
 
 
-def first_block_size(batches):
-    for batch in batches:
-        for ev in batch.events:
-            if isinstance(ev, EngineStored) and ev.token_ids and ev.block_size:
-                return ev.block_size
-    return None
+def test_the_recordings_are_present():
+    assert [p.name for p in FILES] == [
+        "vllm-0.32-chat-extend.msgpack",
+        "vllm-0.32-completions-salt.msgpack",
+        "vllm-0.32-eviction.msgpack",
+        "vllm-0.32-reset.msgpack",
+    ]
 
 
-async def test_recorded_events_learn_the_keys_blockkeyer_computes():
-    payloads = recorded_payloads()
-    if not payloads:
-        pytest.skip("no recorded vLLM batches in tests/data/vllm-events yet")
-    batches = [decode_payload(p) for p in payloads]
-    block_size = first_block_size(batches)
-    assert block_size, "recordings contain no BlockStored with tokens"
-    keyer = BlockKeyer("recorded", block_size)
-    expected: list[int] = []
-    prefix: dict[object, list[int]] = {}  # engine hash -> all tokens up to its block's end
-    meta: dict[object, tuple] = {}  # engine hash -> (lora, salt) of its chain
-    for batch in batches:
-        for ev in batch.events:
-            if not (isinstance(ev, EngineStored) and ev.token_ids):
-                continue
-            if tier_of(ev.medium, ev.locality) is None:  # Tier.L0 is 0: compare with None
-                continue
-            if ev.group_idx not in (None, 0) or ev.block_size != block_size:
-                continue
-            if ev.parent is None:
-                before, chain = [], (ev.lora_name, cache_salt_of(ev.extra_keys, ev.lora_name))
-            elif ev.parent in prefix:
-                before, chain = prefix[ev.parent], meta[ev.parent]
-            else:
-                continue  # parent stored before the recording started
-            tokens = before + ev.token_ids
-            keys = keyer.keys_for(tokens, *chain)[len(before) // block_size :]
-            expected.extend(keys)
-            for i, h in enumerate(ev.hashes):
-                prefix[h] = tokens[: len(before) + (i + 1) * block_size]
-                meta[h] = chain
+async def ingest_all() -> tuple[RecordingStore, list[dict], int]:
+    """All four files came from one server process: feed their frames in seq order."""
+    docs = [load(p) for p in FILES]
+    frames = sorted(
+        (f for d in docs for f in d["frames"]), key=lambda f: int.from_bytes(f[1], "big")
+    )
+    block_size = docs[0]["block_size"]
     store = RecordingStore()
-    ingestor = PodIngestor("recorded-pod", keyer, store)
-    for payload in payloads:
-        await ingestor.apply_payload(payload)
-    learnt = [k for op in store.ops() if isinstance(op, Stored) and op.keys for k in op.keys]
-    assert expected
-    assert set(expected) <= set(learnt)
+    ingestor = PodIngestor("pod", BlockKeyer(docs[0]["model"], block_size), store)
+    for _topic, _seq, payload in frames:
+        assert await ingestor.apply_payload(payload)
+    requests = [r for d in docs for r in d["requests"]]
+    return store, requests, block_size
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+async def test_every_recorded_request_has_its_full_blocks_learnt_as_router_keys(path):
+    store, _, block_size = await ingest_all()
+    doc = load(path)
+    keyer = BlockKeyer(doc["model"], block_size)
+    learnt = {k for op in store.ops() if isinstance(op, Stored) for k in op.keys}
+    for req in doc["requests"]:
+        keys = keyer.keys_for(req["token_ids"], None, req["cache_salt"])
+        assert len(keys) == req["prompt_tokens"] // block_size
+        assert set(keys) <= learnt, req["endpoint"]
+
+
+async def test_salted_and_unsalted_prompts_learn_different_keys():
+    store, _, block_size = await ingest_all()
+    doc = load(DATA / "vllm-0.32-completions-salt.msgpack")
+    plain, salted, _ = doc["requests"]
+    assert plain["token_ids"] == salted["token_ids"]
+    keyer = BlockKeyer(doc["model"], block_size)
+    a = keyer.keys_for(plain["token_ids"], None, None)
+    b = keyer.keys_for(salted["token_ids"], None, "tenant-a")
+    assert not set(a) & set(b)
+
+
+async def test_evictions_and_reset_become_removals_and_a_clear():
+    store, _, _ = await ingest_all()
+    ops = store.ops()
+    removed = [k for op in ops if isinstance(op, Removed) for k in op.keys]
+    stored = {k for op in ops if isinstance(op, Stored) for k in op.keys}
+    assert removed and set(removed) <= stored  # every evicted hash mapped to a known key
+    assert all(op.tier == Tier.L0 for op in ops if isinstance(op, Stored | Removed))
+    assert [op.tiers for op in ops if isinstance(op, Cleared)] == [(Tier.L0, Tier.L1)]
