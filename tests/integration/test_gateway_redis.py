@@ -105,12 +105,14 @@ def test_redis_killed_mid_run_routing_continues_and_the_index_recovers(fleet):
                 assert r.status_code == 200
             home = r.headers["x-kvgate-pod"]
             # The local view still answers, and it learnt the new prompt from events.
-            assert _held_by(gw, during)[home]["l0_blocks"] == 300 // BLOCK
+            held = _wait(lambda: _held_by(gw, during).get(home))
+            assert held["l0_blocks"] == 300 // BLOCK
             assert _metric(gw, "kvgate_index_fallbacks_total") > 0
             assert _metric(gw, "kvgate_index_redis_up") == 0
 
             redis.start()  # same port, empty: the gateway must resync by itself
             _wait(lambda: _metric(gw, "kvgate_index_redis_up") == 1, timeout=15)
+            held = _wait(lambda: _held_by(gw, during).get(home))  # resynced into Redis
             fallbacks = _metric(gw, "kvgate_index_fallbacks_total")
             assert _held_by(gw, during)[home]["l0_blocks"] == 300 // BLOCK
             assert _metric(gw, "kvgate_index_fallbacks_total") == fallbacks  # served by Redis
