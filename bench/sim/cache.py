@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 BlockId = Hashable  # engine digest (live sim) or router key (discrete-event sim)
 
@@ -35,53 +34,6 @@ class InsertResult:
     stored: list[BlockId] = field(default_factory=list)  # newly held, chain order
     evicted: list[BlockId] = field(default_factory=list)  # dropped, eviction order
     held: int = 0  # leading blocks of the inserted chain the tier now holds
-
-
-class CacheTier(Protocol):
-    """One level of the cache: a bounded set of block hashes."""
-
-    name: str  # "L0", "L1", "L2"
-    medium: str  # the KV-event medium: "GPU", "CPU", "STORAGE"
-    capacity: int
-
-    def __len__(self) -> int: ...
-    def __contains__(self, block_hash: object) -> bool: ...
-    def lookup(self, hashes: Sequence[BlockId], start: int = 0) -> int: ...
-    def put(self, hashes: Sequence[BlockId]) -> InsertResult:
-        """Hold ``hashes`` in the given order, the last most recently used.
-
-        For blocks that arrive one by one (L0 evictions offloaded to L1). Only the
-        net effect is reported: a block stored and evicted by the same call is in
-        neither list, so ``stored`` and ``evicted`` are disjoint.
-        """
-        blocks = self._blocks
-        result = InsertResult()
-        for h in hashes:
-            if h in blocks:
-                blocks.move_to_end(h)
-            else:
-                blocks[h] = None
-                result.stored.append(h)
-        fresh = set(result.stored)
-        while len(blocks) > self.capacity:
-            evicted, _ = blocks.popitem(last=False)
-            if evicted in fresh:
-                fresh.discard(evicted)
-            else:
-                result.evicted.append(evicted)
-        result.stored = [h for h in result.stored if h in fresh]
-        result.held = len(result.stored)
-        return result
-
-    def touch(self, hashes: Sequence[BlockId]) -> None:
-        """Mark held blocks as just used (a hit); unknown ones are ignored."""
-        blocks = self._blocks
-        for h in reversed(hashes):
-            if h in blocks:
-                blocks.move_to_end(h)
-
-    def insert(self, hashes: Sequence[BlockId]) -> InsertResult: ...
-    def clear(self) -> int: ...
 
 
 class LRUTier:
@@ -171,78 +123,3 @@ class LRUTier:
         n = len(self._blocks)
         self._blocks.clear()
         return n
-
-
-@dataclass(frozen=True, slots=True)
-class ChainHit:
-    """Consecutive prefix per tier: tier i serves ``blocks[i]`` blocks after tiers < i."""
-
-    blocks: tuple[int, ...]
-
-    @property
-    def total(self) -> int:
-        return sum(self.blocks)
-
-
-class TierChain:
-    """The pod's tiers in lookup order (L0 first)."""
-
-    def __init__(self, tiers: Sequence[CacheTier]) -> None:
-        if not tiers:
-            raise ValueError("a chain needs at least one tier")
-        self.tiers: tuple[CacheTier, ...] = tuple(tiers)
-
-    @property
-    def l0(self) -> CacheTier:
-        return self.tiers[0]
-
-    def lookup(self, hashes: Sequence[BlockId], max_blocks: int | None = None) -> ChainHit:
-        """Per-tier consecutive hits over ``hashes[:max_blocks]``."""
-        chain = hashes if max_blocks is None else hashes[:max_blocks]
-        counts: list[int] = []
-        start = 0
-        for tier in self.tiers:
-            n = tier.lookup(chain, start)
-            counts.append(n)
-            start += n
-        return ChainHit(tuple(counts))
-
-    def put(self, hashes: Sequence[BlockId]) -> InsertResult:
-        """Hold ``hashes`` in the given order, the last most recently used.
-
-        For blocks that arrive one by one (L0 evictions offloaded to L1). Only the
-        net effect is reported: a block stored and evicted by the same call is in
-        neither list, so ``stored`` and ``evicted`` are disjoint.
-        """
-        blocks = self._blocks
-        result = InsertResult()
-        for h in hashes:
-            if h in blocks:
-                blocks.move_to_end(h)
-            else:
-                blocks[h] = None
-                result.stored.append(h)
-        fresh = set(result.stored)
-        while len(blocks) > self.capacity:
-            evicted, _ = blocks.popitem(last=False)
-            if evicted in fresh:
-                fresh.discard(evicted)
-            else:
-                result.evicted.append(evicted)
-        result.stored = [h for h in result.stored if h in fresh]
-        result.held = len(result.stored)
-        return result
-
-    def touch(self, hashes: Sequence[BlockId]) -> None:
-        """Mark held blocks as just used (a hit); unknown ones are ignored."""
-        blocks = self._blocks
-        for h in reversed(hashes):
-            if h in blocks:
-                blocks.move_to_end(h)
-
-    def insert(self, hashes: Sequence[BlockId]) -> InsertResult:
-        """Store a computed chain in L0 (lower tiers fill by their own policies later)."""
-        return self.l0.insert(hashes)
-
-    def clear(self) -> int:
-        return sum(tier.clear() for tier in self.tiers)

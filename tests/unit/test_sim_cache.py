@@ -7,7 +7,7 @@ server (sha256, its default seed "vllm-none-hash", block size 32).
 import msgspec
 import pytest
 
-from bench.sim.cache import LRUTier, TierChain, max_hit_blocks
+from bench.sim.cache import LRUTier, max_hit_blocks
 from bench.sim.events import (
     BlockRemoved,
     BlockStored,
@@ -106,15 +106,6 @@ def test_a_chain_longer_than_the_tier_keeps_its_leading_blocks():
     tier = LRUTier(2)
     result = tier.insert([b"a", b"b", b"c"])
     assert (result.stored, result.held, result.evicted) == ([b"a", b"b"], 2, [])
-
-
-def test_chain_lookup_respects_max_blocks_and_clear_empties_every_tier():
-    chain = TierChain([LRUTier(8)])
-    chain.insert([b"a", b"b", b"c"])
-    assert chain.lookup([b"a", b"b", b"c"]).blocks == (3,)
-    assert chain.lookup([b"a", b"b", b"c"], max_blocks=2).total == 2
-    assert chain.clear() == 3
-    assert chain.lookup([b"a"]).total == 0
 
 
 def test_tier_rejects_non_positive_capacity():
