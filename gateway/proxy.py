@@ -244,7 +244,7 @@ class Proxy:
             headers["authorization"] = auth
         upstream_req = self._client.build_request(
             "POST",
-            pod.url + request.url.path,
+            pod.url + request.scope["path"],
             content=parsed.raw,
             headers=headers,
             timeout=self._timeout,
