@@ -29,6 +29,7 @@ from bench.gateway_proc import run_gateway
 from bench.loadgen import RequestResult, run_closed_loop, run_open_loop
 from bench.peers import PEERS, PeerUnavailable, PodEndpoint, run_peer
 from bench.podstats import FleetStats, collect, routing_decision_ms
+from bench.profiles import sim_cost_model
 from bench.summary import RunSummary, summarize
 from bench.workloads import Workload, poisson_arrivals
 
@@ -159,6 +160,12 @@ def _gateway_env(plan: FleetPlan, redis_url: str | None) -> dict[str, str]:
     if plan.model == "kvgate-tiny-llama":
         model["tokenizer"] = str(ensure_tokenizer())
     env = {"KVGATE_MODELS": json.dumps({plan.model: model})}
+    if not plan.pods_url:
+        # Configure kv-aware with the simulated hardware's numbers, as a user would
+        # configure it for theirs (calibration then only has to fine-tune).
+        overrides = {**plan.pod_config, **({"profile": plan.profile} if plan.profile else {})}
+        cost = sim_cost_model(overrides, plan.block_size).to_dict()
+        env["KVGATE_STRATEGY_OPTIONS"] = json.dumps({"kv-aware": {"cost_model": cost}})
     if redis_url:
         env |= {"KVGATE_INDEX__BACKEND": "redis", "KVGATE_INDEX__REDIS_URL": redis_url}
     return env

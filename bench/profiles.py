@@ -62,23 +62,49 @@ class Profile:
         }
 
     def cost_model(self, block_size: int = 16) -> CostModel:
-        """kvgate's routing cost model with this profile's numbers.
+        """kvgate's routing cost model with this profile's numbers."""
+        return cost_model_for(self.timing, block_size)
 
-        Keeps the routing policy margins of ``CostModel`` (L2 ``min_speedup``) and its
-        queueing estimates; only the physics is taken from the profile.
-        """
-        t = self.timing
-        base = CostModel()
-        return replace(
-            base,
-            kv_bytes_per_token=t.kv_bytes_per_token,
-            prefill_tokens_per_s=t.prefill_tokens_per_s,
-            prefill_overhead_s=t.overhead_s,
-            l1=TierCost(t.l1.bandwidth_bytes_per_s, t.l1.latency_s, base.l1.min_speedup),
-            l2=TierCost(t.l2.bandwidth_bytes_per_s, t.l2.latency_s, base.l2.min_speedup),
-            decode_s_per_running=t.itl_per_seq_s * 5,  # ~5 decode steps share our prefill
-            block_size=block_size,
-        )
+
+def cost_model_for(t: PodTiming, block_size: int = 16) -> CostModel:
+    """The routing cost model that matches a pod timing model.
+
+    Keeps the routing policy margins of ``CostModel`` (L2 ``min_speedup``) and its
+    queueing estimates; only the physics is taken from the timing.
+    """
+    base = CostModel()
+    return replace(
+        base,
+        kv_bytes_per_token=t.kv_bytes_per_token,
+        prefill_tokens_per_s=t.prefill_tokens_per_s,
+        prefill_overhead_s=t.overhead_s,
+        l1=TierCost(t.l1.bandwidth_bytes_per_s, t.l1.latency_s, base.l1.min_speedup),
+        l2=TierCost(t.l2.bandwidth_bytes_per_s, t.l2.latency_s, base.l2.min_speedup),
+        decode_s_per_running=t.itl_per_seq_s * 5,  # ~5 decode steps share our prefill
+        block_size=block_size,
+    )
+
+
+def sim_cost_model(overrides: dict[str, object], block_size: int) -> CostModel:
+    """The cost model of simulated pods launched with ``sim_fleet(**overrides)``.
+
+    What a user does for real hardware (configure kvgate with its numbers), done for
+    the simulated fleet: the profile's settings, then the explicit overrides, then the
+    simulator's defaults, exactly as ``kvgate sim`` resolves them.
+    """
+    from dataclasses import fields
+
+    from bench.sim.config import SimConfig
+
+    settings: dict[str, object] = {}
+    profile = overrides.get("profile")
+    if isinstance(profile, str):
+        settings.update(get_profile(profile).sim_settings(block_size))
+    known = {f.name for f in fields(SimConfig)}
+    settings.update({k: v for k, v in overrides.items() if k in known})
+    settings["block_size"] = block_size
+    timing = SimConfig(**{k: v for k, v in settings.items() if k in known}).timing()
+    return cost_model_for(timing, block_size)
 
 
 def _original() -> Profile:

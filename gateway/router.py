@@ -98,6 +98,7 @@ class Router:
                     waiting=p.waiting,
                     running=p.running,
                     kv_usage=p.kv_usage,
+                    prefilling=load.prefilling,
                 )
             )
         return views

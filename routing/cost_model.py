@@ -113,6 +113,10 @@ class CostModel:
     decode_s_per_running: float = 0.001
     # Scraped ``waiting`` requests this gateway did not send have unknown length.
     waiting_prompt_tokens: int = 1024
+    # Share of the fixed per-request overhead that each prefill queued ahead adds. 1.0:
+    # the engine starts one prefill at a time (the simulator's prefill lane, and a
+    # saturated vLLM); lower it for engines that batch many prompts into one step.
+    queued_overhead_share: float = 1.0
     block_size: int = 16  # vLLM's GPU default; a PrefixMatch's own block_size wins
 
     def __post_init__(self) -> None:
@@ -122,6 +126,8 @@ class CostModel:
         for tier in (self.l1, self.l2):
             if not (tier.bandwidth_bytes_per_s > 0 and tier.latency_s >= 0):
                 raise ValueError("cost model: tier bandwidth must be > 0, latency >= 0")
+        if self.queued_overhead_share < 0:
+            raise ValueError("cost model: queued_overhead_share must be >= 0")
         if self.prefill_overhead_s < 0 or self.decode_s_per_running < 0:
             raise ValueError("cost model: overheads must be >= 0")
 
@@ -222,10 +228,12 @@ class CostModel:
         """Wait before this request's prefill starts on ``pod``.
 
         Prefill work this gateway already dispatched there (uncached tokens counted at
-        dispatch), plus scraped waiting requests beyond our own in-flight ones (assumed
+        dispatch, and the fixed overhead of each request still before its first token),
+        plus scraped waiting requests beyond our own in-flight ones (assumed
         ``waiting_prompt_tokens`` long), plus a per-running-request decode share.
         """
         ahead = max(0, pod.in_flight_prefill_tokens) * self.prefill_s_per_token
+        ahead += max(0, pod.prefilling) * self.prefill_overhead_s * self.queued_overhead_share
         foreign_waiting = max(0, pod.waiting - pod.in_flight)
         waiting = foreign_waiting * self.prefill_s(self.waiting_prompt_tokens)
         running = max(pod.running, pod.in_flight, 0)

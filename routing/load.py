@@ -14,23 +14,30 @@ from dataclasses import dataclass
 class PodLoad:
     in_flight: int = 0
     prefill_tokens: int = 0  # uncached prompt tokens still to be prefilled
+    prefilling: int = 0  # requests that have not produced their first token yet
 
 
 class InFlight:
     """One dispatched request's share of a pod's load; every release is idempotent."""
 
-    __slots__ = ("_load", "_prefill", "_done")
+    __slots__ = ("_load", "_prefill", "_prefilling", "_done")
 
     def __init__(self, load: PodLoad, prefill_tokens: int) -> None:
         self._load = load
         self._prefill = prefill_tokens
+        self._prefilling = True
         self._done = False
         load.in_flight += 1
         load.prefill_tokens += prefill_tokens
+        load.prefilling += 1
 
     def first_token(self) -> None:
         """The pod finished this prompt's prefill; only the decode slot remains."""
+        if not self._prefilling:
+            return
+        self._prefilling = False
         self._load.prefill_tokens = max(0, self._load.prefill_tokens - self._prefill)
+        self._load.prefilling = max(0, self._load.prefilling - 1)
         self._prefill = 0
 
     @property

@@ -43,6 +43,7 @@ class PodView:
     waiting: int = 0  # scraped vllm:num_requests_waiting
     running: int = 0  # scraped vllm:num_requests_running
     kv_usage: float = 0.0  # scraped vllm:kv_cache_usage_perc (0..1)
+    prefilling: int = 0  # of in_flight, requests still waiting for their first token
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,7 +115,15 @@ class FleetSim:
             load = self.load.get(p.name)
             waiting, running, usage = self._scraped[p.name]
             views.append(
-                PodView(p.name, load.in_flight, load.prefill_tokens, waiting, running, usage)
+                PodView(
+                    p.name,
+                    load.in_flight,
+                    load.prefill_tokens,
+                    waiting,
+                    running,
+                    usage,
+                    prefilling=load.prefilling,
+                )
             )
         return views
 

@@ -116,3 +116,15 @@ def test_a_tier_that_never_beats_recompute_has_infinite_break_even():
     m = CostModel.from_dict({"l2": {"bandwidth_bytes_per_s": 1e6}})
     assert math.isinf(m.break_even_tokens(Tier.L2))
     assert not m.worth_loading(Tier.L2, 100_000)
+
+
+def test_each_request_still_in_prefill_adds_the_fixed_overhead_to_the_queue():
+    from routing.types import PodView
+
+    m = CostModel(prefill_overhead_s=0.05, prefill_tokens_per_s=1000.0, decode_s_per_running=0.0)
+    idle = PodView("a")
+    busy = PodView("b", in_flight=3, in_flight_prefill_tokens=300, prefilling=3)
+    assert m.queue_delay_s(idle) == 0.0
+    assert m.queue_delay_s(busy) == pytest.approx(0.3 + 3 * 0.05)
+    batched = CostModel.from_dict({"queued_overhead_share": 0.0}, m)
+    assert batched.queue_delay_s(busy) == pytest.approx(0.3)
