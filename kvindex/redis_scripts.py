@@ -26,11 +26,11 @@ block key (all keys declared, so any Cluster proxy accepts it) and walks the
 reply here, in ``prefix_walk``. Why: measured on a 2-core box for 2048 keys, a
 Lua walk spent ~0.55-0.8 ms of Redis time turning names into Lua strings, Lua
 strings into command arguments and the MGET reply back into Lua strings, and
-another ~0.5 ms parsing values, against ~0.25 ms for the bare MGET. Redis is the
-shared resource, so its work per lookup went from ~1.3 ms to ~0.25 ms; the
-gateway replica, which scales out, does the walk in C-level list operations. The
-price: a lookup whose first key misses still reads every key (~0.25 ms of Redis
-time for 2048 keys) where the script stopped after 64.
+another ~0.5 ms parsing values, against 0.26-0.42 ms for the bare MGET. Redis is
+the shared resource; the gateway replica, which scales out, does the walk with
+C-level list operations. The price: a lookup whose first key misses still reads
+every key (0.26-0.42 ms of Redis time for 2048 keys) where the script stopped
+after 64.
 """
 
 from __future__ import annotations
