@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -32,6 +33,11 @@ def ttft_cdf(cells: list[Cell], title: str, path: Path) -> Path:
     ax.set_xscale("log")
     ax.set_xlabel("TTFT (ms, log scale)")
     ax.set_ylabel("fraction of requests")
+    return _save(fig, ax, title, path)
+
+
+def _save(fig: Any, ax: Any, title: str, path: Path) -> Path:
+    """Title, log grid and legend, then write the PNG and free the figure."""
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
@@ -55,13 +61,7 @@ def ttft_vs_qps(cells: list[Cell], title: str, path: Path) -> Path:
     ax.set_yscale("log")
     ax.set_xlabel("offered load (requests/s, Poisson)")
     ax.set_ylabel("TTFT p90 (ms, log scale)")
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, title, path)
 
 
 def tier_breakdown(cells: list[Cell], title: str, path: Path) -> Path:
