@@ -21,31 +21,26 @@ def add_admin_routes(app: FastAPI, gw: Callable[[Request], Gateway]) -> None:
     async def kv_events(request: Request) -> Response:
         """Events in vLLM's batch schema (msgpack or JSON) for pods without ZMQ.
 
-        The pod is named by ``?pod=NAME`` or the ``x-kvgate-pod`` header.
+        The pod is named by ``?pod=NAME`` or the ``x-kvgate-pod`` header. A
+        ``GatewayError`` raised here becomes an OpenAI-shaped error (app handler).
         """
         g = gw(request)
+        g.proxy.check_auth(request)
+        name = request.query_params.get("pod") or request.headers.get("x-kvgate-pod")
+        pod = g.registry.get(name or "")
+        if pod is None:
+            raise GatewayError(404, f"unknown pod {name!r}", param="pod")
+        body = await request.body()
         try:
-            g.proxy.check_auth(request)
-            name = request.query_params.get("pod") or request.headers.get("x-kvgate-pod")
-            pod = g.registry.get(name or "")
-            if pod is None:
-                raise GatewayError(404, f"unknown pod {name!r}", param="pod")
-            body = await request.body()
-            try:
-                applied = await g.kv.ingest_http(pod, body, request.headers.get("content-type", ""))
-            except (BadEventsBody, ValueError) as exc:
-                raise GatewayError(400, f"bad KV event body: {exc}") from None
-        except GatewayError as err:
-            return err.response()
+            applied = await g.kv.ingest_http(pod, body, request.headers.get("content-type", ""))
+        except (BadEventsBody, ValueError) as exc:
+            raise GatewayError(400, f"bad KV event body: {exc}") from None
         return JSONResponse({"applied_ops": applied})
 
     @app.get("/admin/index/stats")
     async def index_stats(request: Request) -> Response:
         g = gw(request)
-        try:
-            g.proxy.check_auth(request)
-        except GatewayError as err:
-            return err.response()
+        g.proxy.check_auth(request)
         stats = await g.kv.store.stats()
         return JSONResponse(
             {
@@ -62,19 +57,15 @@ def add_admin_routes(app: FastAPI, gw: Callable[[Request], Gateway]) -> None:
     async def index_lookup(request: Request) -> Response:
         """Which pods and tiers hold how many blocks of a prompt (chat or completion)."""
         g = gw(request)
-        try:
-            g.proxy.check_auth(request)
-            raw = await request.body()
-            probe = parse_body(raw, "tokenize")
-            kind = "chat" if "messages" in probe.body else "completions"
-            parsed = parse_body(raw, kind)
-            model = parsed.model or ""
-            pods = g.registry.healthy_for(model)
-            lookup = await g.kv.lookup(parsed, model, pods)
-            if lookup is None:
-                raise GatewayError(400, f"cannot tokenize this prompt for model {model!r}")
-        except GatewayError as err:
-            return err.response()
+        g.proxy.check_auth(request)
+        raw = await request.body()
+        probe = parse_body(raw, "tokenize")
+        kind = "chat" if "messages" in probe.body else "completions"
+        parsed = parse_body(raw, kind)
+        model = parsed.model or ""
+        lookup = await g.kv.lookup(parsed, model, g.registry.healthy_for(model))
+        if lookup is None:
+            raise GatewayError(400, f"cannot tokenize this prompt for model {model!r}")
         bs = lookup.match.block_size
         return JSONResponse(
             {

@@ -96,6 +96,10 @@ def create_app(settings: Settings) -> FastAPI:
     async def _validation(request: Request, exc: RequestValidationError) -> Response:
         return GatewayError(400, str(exc)).response()
 
+    @app.exception_handler(GatewayError)
+    async def _gateway_error(request: Request, exc: GatewayError) -> Response:
+        return exc.response()
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         return await gw(request).proxy.handle(request, "chat")
@@ -119,10 +123,7 @@ def create_app(settings: Settings) -> FastAPI:
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         g = gw(request)
-        try:
-            g.proxy.check_auth(request)
-        except GatewayError as err:
-            return err.response()
+        g.proxy.check_auth(request)
         cards: dict[str, dict[str, object]] = {}
         for pod in g.registry.all():
             if not pod.healthy:
