@@ -10,6 +10,7 @@ measures requests/s through the gateway and directly.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass
 
@@ -157,9 +158,16 @@ def run_overhead_bench(
         "default_max_tokens": 1,
         "max_model_len": max(4096, prompt_tokens * 2),
     }
+    # Strategies that use the index tokenize locally with the pods' own tokenizer, as
+    # a production config would (engine mode would add a /tokenize round trip).
+    models = {MODEL_NAME: {"block_size": 32, "tokenizer": str(ensure_tokenizer())}}
     with (
-        sim_fleet(1, **zero_latency) as pods,
-        run_gateway([(pods[0].name, pods[0].url)], strategy=strategy) as gateway,
+        sim_fleet(1, kv_events=True, **zero_latency) as pods,
+        run_gateway(
+            [(pods[0].name, f"{pods[0].url},events={pods[0].events_endpoint}")],
+            strategy=strategy,
+            env={"KVGATE_MODELS": json.dumps(models)},
+        ) as gateway,
     ):
         return asyncio.run(
             measure_overhead(
