@@ -303,7 +303,7 @@ class Proxy:
         a: _Attempt,
     ) -> AsyncIterator[bytes]:
         tail = bytearray(first[-_USAGE_TAIL_BYTES:])
-        status = 200
+        status: int | None = None  # stays None if the client leaves (we get cancelled)
         try:
             yield first
             deadline = asyncio.get_running_loop().time() + self._remaining(a)
@@ -317,6 +317,7 @@ class Proxy:
                 if len(tail) > 2 * _USAGE_TAIL_BYTES:
                     del tail[:-_USAGE_TAIL_BYTES]
                 yield chunk
+            status = 200
         except (TimeoutError, httpx.TimeoutException):
             status = 504
             yield sse_error_event(504, f"pod '{a.pod.name}' timed out mid-stream")
@@ -328,6 +329,8 @@ class Proxy:
             if status == 200:
                 self._registry.request_succeeded(a.pod)
                 self._record(a, status, _usage_from_sse(bytes(tail)))
+            elif status is None:
+                self._record(a, 499, None)  # the client closed the stream: not the pod's fault
             else:
                 await self._registry.request_failed(a.pod)
                 self._record(a, status, None)

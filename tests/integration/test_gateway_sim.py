@@ -167,8 +167,9 @@ def test_client_disconnect_cancels_the_upstream_request(gateway, fleet):
             break
         time.sleep(0.1)
     assert running == 0
-    in_flight = _gauge(httpx.get(f"{gateway}/metrics").text, "kvgate_pod_in_flight_requests")
-    assert in_flight == 0
+    metrics = httpx.get(f"{gateway}/metrics").text
+    assert _gauge(metrics, "kvgate_pod_in_flight_requests") == 0
+    assert f'pod="{pod.name}",status="499"' in metrics  # counted as the client's doing
 
 
 def _gauge(text: str, name: str) -> float:
