@@ -119,7 +119,9 @@ def test_completions_stream_and_non_stream_report_the_same_usage(pod, nonce):
 def test_repeated_chat_prompt_reports_full_blocks_before_the_last_token_as_cached(pod, nonce):
     messages = [{"role": "user", "content": prompt_text(nonce, 150)}]
     n = len(tokenize(pod, {"messages": messages}))
-    assert 350 <= n <= 450  # "about 400 tokens": several blocks plus a partial one
+    # The nonce makes the length vary (~380-460 tokens); the rule below must hold for
+    # any of them, so only require several full blocks.
+    assert n > 8 * BLOCK_SIZE
     client = client_for(pod)
     first = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=1)
     second = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=1)
