@@ -27,6 +27,12 @@ walk took ~1.3 ms of Redis time; now MGET takes 0.26 ms (cache-warm) to 0.42 ms
 client spends ~0.1 ms building the request, ~0.3 ms in redis-py/asyncio sending
 it and parsing the reply, and ~0.08 ms in ``prefix_walk``.
 
+Open: issue 3 asks for a 32k-token (2048-key) lookup p99 <= 1 ms on loopback; on a
+shared 2-core box this layout gives p50 ~1.0-1.2 ms and p99 ~2.8-3.0 ms
+(``kvgate bench index``). Reading every block key is the floor; the next steps are a
+layout that reads fewer keys per lookup (e.g. per-chain checkpoint records written
+with each stored run) and a leaner client than redis-py for this one command.
+
 Why it stays flat in memory: every write of a block refreshes a TTL
 (``key_ttl_s``, default 1 h), so blocks whose removal events were lost still go
 away. Run Redis with ``maxmemory <bytes>`` and ``maxmemory-policy allkeys-lru``
