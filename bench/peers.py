@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.gateway_proc import free_port
+from bench.ports import free_port
 
 
 class PeerUnavailable(RuntimeError):

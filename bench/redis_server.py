@@ -20,14 +20,10 @@ import tempfile
 import time
 from collections.abc import Iterator
 
+from bench.ports import free_port
+
 REDIS_SERVER = shutil.which("redis-server")
 SKIP_REASON = "redis-server not on PATH (apt-get install redis-server); CI installs it"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _ping(port: int) -> bool:

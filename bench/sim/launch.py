@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from bench.ports import free_port
 
 _SCALED = {
     "overhead_s": ("--overhead-ms", 1e3),
@@ -36,13 +37,6 @@ _SCALED = {
 }
 _RENAMED = {"model": "--served-model-name"}
 _EVENT_KEYS = ("kv_events", "kv_events_old_shape", "kv_events_bytes_hashes", "topic")
-
-
-def free_port() -> int:
-    """A loopback TCP port free right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _config_flags(overrides: dict[str, Any]) -> list[str]:

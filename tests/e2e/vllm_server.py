@@ -18,9 +18,7 @@ import contextlib
 import fcntl
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +26,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
+
+from bench.ports import free_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENSURE_SCRIPT = REPO_ROOT / "scripts" / "ensure_vllm_venv.sh"
@@ -90,27 +90,6 @@ def ensure_tiny_model(python: Path | None = None) -> Path:
 # vLLM binds its ports ~40 s after we pick them. Ports the kernel hands out for
 # bind(0) come from the ephemeral range (32768-60999 on Linux), where every other
 # test's free_port() also draws, so we pick below it to stay out of their way.
-_PORT_RANGE = (20000, 32000)
-
-
-def free_port() -> int:
-    """A TCP port free on every interface (vLLM binds ZMQ on ``*``)."""
-    return free_ports(1)[0]
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free ports: all sockets stay open until every port is chosen."""
-    rng = random.Random()
-    with contextlib.ExitStack() as stack:
-        ports: list[int] = []
-        while len(ports) < n:
-            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            try:
-                s.bind(("", rng.randrange(*_PORT_RANGE)))
-            except OSError:
-                continue
-            ports.append(s.getsockname()[1])
-        return ports
 
 
 def server_env() -> dict[str, str]:

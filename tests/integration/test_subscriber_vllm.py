@@ -8,11 +8,11 @@ bootstrap replay against vLLM's ROUTER and its reply/end-marker framing.
 
 import asyncio
 import os
-import socket
 from pathlib import Path
 
 import pytest
 
+from bench.ports import free_port
 from kvindex.events.recording import RecordingStore
 from kvindex.events.subscriber import KVEventSubscriber
 from kvindex.keyer import BlockKeyer
@@ -38,12 +38,6 @@ for line in sys.stdin:
     print("published", i, flush=True)
 pub.shutdown()
 """
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def wait_until(cond, timeout=10.0):

@@ -5,21 +5,15 @@ the ids it returns are what the local path would compute.
 """
 
 import asyncio
-import socket
 
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from bench.ports import free_port
 from bench.tinymodel import ensure_tokenizer
 from kvindex.tokenization import EngineTokenizer, LocalTokenizer, Tokenization, TokenizationError
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
