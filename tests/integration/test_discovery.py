@@ -28,6 +28,7 @@ from aiohttp import web
 
 from bench.gateway_proc import free_port, run_gateway
 from bench.sim.launch import SimPod, sim_fleet
+from tests.polling import wait_for
 
 CONVERSATION = Path(__file__).parents[1] / "data" / "k8s" / "conversation.jsonl"
 NAMESPACE = "inference"
@@ -204,13 +205,6 @@ def subscribers(base: str) -> set[str]:
     return set(httpx.get(f"{base}/admin/index/stats").json()["subscribers"])
 
 
-def wait_until(check: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.05)
-
-
 @pytest.fixture()
 def sims():
     with sim_fleet(2, kv_events=True, itl_s=0.002, overhead_s=0.002) as pods:
@@ -253,9 +247,10 @@ def test_pod_joins_when_ready_serves_and_leaves_when_deleted_without_failed_requ
                 traffic.wait_for_pod(POD_A)
                 # B is scheduled, then Running but not Ready: it gets nothing.
                 api.wait_paused("B running, not ready")
-                wait_until(
+                wait_for(
                     lambda: metric(gw, "kvgate_discovery_events_total", 'type="MODIFIED"') == 1,
-                    "the gateway applied B's update",
+                    timeout=15.0,
+                    what="the gateway applied B's update",
                 )
                 assert healthy_pods(gw) == {POD_A: 1.0}
                 assert traffic.pods_since(0) == {POD_A}
@@ -265,7 +260,11 @@ def test_pod_joins_when_ready_serves_and_leaves_when_deleted_without_failed_requ
                 api.wait_paused("B ready")
                 traffic.wait_for_pod(POD_B)
                 assert healthy_pods(gw) == {POD_A: 1.0, POD_B: 1.0}
-                wait_until(lambda: subscribers(gw) == {POD_A, POD_B}, "both pods' events followed")
+                wait_for(
+                    lambda: subscribers(gw) == {POD_A, POD_B},
+                    timeout=15.0,
+                    what="both pods' events followed",
+                )
 
                 # Watch times out, resumes, gets 410 Gone, re-lists, a 503, resumes again.
                 api.resume()
@@ -277,7 +276,7 @@ def test_pod_joins_when_ready_serves_and_leaves_when_deleted_without_failed_requ
                 # A is being deleted (Ready still True): it leaves routing at once.
                 api.resume()
                 api.wait_paused("A terminating")
-                wait_until(lambda: POD_A not in healthy_pods(gw), "A left routing")
+                wait_for(lambda: POD_A not in healthy_pods(gw), timeout=15.0, what="A left routing")
                 left = time.monotonic()
                 assert subscribers(gw) == {POD_B}
                 time.sleep(0.5)

@@ -15,6 +15,7 @@ from bench.prompts import text_of_tokens
 from bench.sim.launch import sim_fleet
 from bench.tinymodel import ensure_tokenizer
 from tests.gateway_proc import run_gateway
+from tests.polling import wait_for
 
 MODEL = "kvgate-tiny-llama"
 BLOCK = 32
@@ -56,16 +57,6 @@ def _lookup(gateway: str, messages: list[dict], **extra) -> dict:
     )
     assert r.status_code == 200, r.text
     return r.json()
-
-
-def _wait_for(predicate, timeout: float = 5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 @pytest.mark.parametrize("local_tokenizer", [True, False], ids=["local-tokenizer", "engine"])
@@ -119,7 +110,7 @@ def test_index_lookup_shows_the_pod_that_served_a_prompt(fleet, system_prompt):
         )
         pod = raw.headers["x-kvgate-pod"]
         other = next(p.name for p in fleet if p.name != pod)
-        found = _wait_for(lambda: _lookup(gw, messages, cache_salt="lk")["pods"].get(pod))
+        found = wait_for(lambda: _lookup(gw, messages, cache_salt="lk")["pods"].get(pod), 5)
         d = _lookup(gw, messages, cache_salt="lk")
         assert found["l0_blocks"] == d["full_blocks"] == d["prompt_tokens"] // BLOCK
         assert other not in d["pods"]
@@ -204,7 +195,7 @@ def test_every_metric_in_the_readme_is_exported(fleet, system_prompt):
     ) as gw:
         client = openai.OpenAI(base_url=f"{gw}/v1", api_key="x", max_retries=0)
         _chat(client, system_prompt, "metrics please")
-        _wait_for(lambda: "kvgate_kv_events_applied_total{" in httpx.get(f"{gw}/metrics").text)
+        wait_for(lambda: "kvgate_kv_events_applied_total{" in httpx.get(f"{gw}/metrics").text, 5)
         exported = httpx.get(f"{gw}/metrics").text
     declared = {line.split()[2] for line in exported.splitlines() if line.startswith("# TYPE ")}
     redis_only = {n for n in names if "redis" in n or "fallbacks" in n}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import pytest
@@ -12,6 +11,7 @@ from bench.prompts import text_of_tokens
 from bench.sim.launch import sim_fleet
 from bench.tinymodel import ensure_tokenizer
 from tests.gateway_proc import run_gateway
+from tests.polling import metric_value, wait_for
 from tests.redis_server import RedisServer, requires_redis
 
 MODEL = "kvgate-tiny-llama"
@@ -34,26 +34,13 @@ def _spec(pod) -> str:
 
 
 def _metric(url: str, name: str) -> float:
-    for line in httpx.get(f"{url}/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    return 0.0
+    return metric_value(httpx.get(f"{url}/metrics").text, name)
 
 
 def _held_by(url: str, prompt: str) -> dict:
     r = httpx.post(f"{url}/admin/index/lookup", json={"model": MODEL, "prompt": prompt})
     assert r.status_code == 200, r.text
     return r.json()["pods"]
-
-
-def _wait(predicate, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError("condition not met in time")
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +61,7 @@ def test_a_second_gateway_replica_sees_what_the_first_learnt(fleet, tmp_path):
                 home = httpx.post(
                     f"{a}/v1/completions", json={"model": MODEL, "prompt": prompt}
                 ).headers["x-kvgate-pod"]
-                held = _wait(lambda: _held_by(b, prompt).get(home))
+                held = wait_for(lambda: _held_by(b, prompt).get(home), poll=0.1)
                 assert held["l0_blocks"] == 400 // BLOCK
                 r = httpx.post(f"{b}/v1/completions", json={"model": MODEL, "prompt": prompt})
                 assert r.headers["x-kvgate-pod"] == home
@@ -105,14 +92,14 @@ def test_redis_killed_mid_run_routing_continues_and_the_index_recovers(fleet):
                 assert r.status_code == 200
             home = r.headers["x-kvgate-pod"]
             # The local view still answers, and it learnt the new prompt from events.
-            held = _wait(lambda: _held_by(gw, during).get(home))
+            held = wait_for(lambda: _held_by(gw, during).get(home), poll=0.1)
             assert held["l0_blocks"] == 300 // BLOCK
             assert _metric(gw, "kvgate_index_fallbacks_total") > 0
             assert _metric(gw, "kvgate_index_redis_up") == 0
 
             redis.start()  # same port, empty: the gateway must resync by itself
-            _wait(lambda: _metric(gw, "kvgate_index_redis_up") == 1, timeout=15)
-            held = _wait(lambda: _held_by(gw, during).get(home))  # resynced into Redis
+            wait_for(lambda: _metric(gw, "kvgate_index_redis_up") == 1, timeout=15, poll=0.1)
+            held = wait_for(lambda: _held_by(gw, during).get(home), poll=0.1)  # resynced into Redis
             fallbacks = _metric(gw, "kvgate_index_fallbacks_total")
             assert _held_by(gw, during)[home]["l0_blocks"] == 300 // BLOCK
             assert _metric(gw, "kvgate_index_fallbacks_total") == fallbacks  # served by Redis

@@ -13,6 +13,7 @@ import pytest
 
 from bench.sim.launch import sim_fleet
 from tests.gateway_proc import run_gateway
+from tests.polling import metric_value, wait_for
 
 MODEL = "kvgate-tiny-llama"
 USER = [{"role": "user", "content": "Tell me about prefix caches and routing."}]
@@ -162,22 +163,14 @@ def test_client_disconnect_cancels_the_upstream_request(gateway, fleet):
     deadline = time.monotonic() + 5
     running = None
     while time.monotonic() < deadline:
-        running = _gauge(httpx.get(f"{pod.url}/metrics").text, "vllm:num_requests_running")
+        running = metric_value(httpx.get(f"{pod.url}/metrics").text, "vllm:num_requests_running")
         if running == 0:
             break
         time.sleep(0.1)
     assert running == 0
     metrics = httpx.get(f"{gateway}/metrics").text
-    assert _gauge(metrics, "kvgate_pod_in_flight_requests") == 0
+    assert metric_value(metrics, "kvgate_pod_in_flight_requests") == 0
     assert f'pod="{pod.name}",status="499"' in metrics  # counted as the client's doing
-
-
-def _gauge(text: str, name: str) -> float:
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(name + "{") or line.startswith(name + " ")
-    )
 
 
 def test_killed_pod_is_ejected_requests_succeed_and_it_is_readmitted(fleet):
@@ -207,12 +200,12 @@ def test_killed_pod_is_ejected_requests_succeed_and_it_is_readmitted(fleet):
             time.sleep(0.5)
             victim = fleet[0]
             victim.kill()
-            _wait_metric(url, f'kvgate_pod_healthy{{pod="{victim.name}"}} 0.0')
+            _wait_healthy_gauge(url, victim.name, 0.0)
             n_before = len(served)
             time.sleep(0.5)
             assert set(served[n_before:]) == {fleet[1].name}
             victim.start()
-            _wait_metric(url, f'kvgate_pod_healthy{{pod="{victim.name}"}} 1.0')
+            _wait_healthy_gauge(url, victim.name, 1.0)
             n_back = len(served)
             time.sleep(0.5)
             assert victim.name in served[n_back:]
@@ -222,13 +215,9 @@ def test_killed_pod_is_ejected_requests_succeed_and_it_is_readmitted(fleet):
         assert errors == []
 
 
-def _wait_metric(url: str, line: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if line in httpx.get(f"{url}/metrics").text:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"metric line {line!r} not seen within {timeout}s")
+def _wait_healthy_gauge(url: str, pod: str, value: float) -> None:
+    line = f'kvgate_pod_healthy{{pod="{pod}"}} {value}'
+    wait_for(lambda: line in httpx.get(f"{url}/metrics").text, timeout=15, what=line, poll=0.1)
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian prometheus) missing")
