@@ -96,7 +96,7 @@ class GatewayMetrics:
             ["strategy", "tier"],
             registry=registry,
         )
-        self.cached_tokens = Counter(
+        self.prompt_tokens = Counter(
             "kvgate_prompt_tokens",
             "Prompt tokens reported by pods, split into cached and computed.",
             ["model", "pod", "kind"],

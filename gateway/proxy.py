@@ -371,8 +371,8 @@ class Proxy:
         prompt_tokens, cached = _token_counts(usage)
         if prompt_tokens is not None:
             cached_n = cached or 0
-            m.cached_tokens.labels(a.model, a.pod.name, "cached").inc(cached_n)
-            m.cached_tokens.labels(a.model, a.pod.name, "computed").inc(prompt_tokens - cached_n)
+            m.prompt_tokens.labels(a.model, a.pod.name, "cached").inc(cached_n)
+            m.prompt_tokens.labels(a.model, a.pod.name, "computed").inc(prompt_tokens - cached_n)
             if a.decision.predicted_ttft_s is not None and cached is not None:
                 m.cached_tokens_error.labels(a.strategy).observe(
                     abs(a.decision.predicted_cached_tokens - cached)
