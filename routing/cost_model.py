@@ -256,6 +256,18 @@ class CostModel:
             + self.prefill_s(uncached)
         )
 
+    def fill_s(self, l1_tokens: int, l2_tokens: int, computed_tokens: int) -> float:
+        """Time to fill L0 with a prompt's missing tokens: tier loads plus their prefill.
+
+        No fixed overhead (a request pays it once, wherever it runs): this is what the
+        tokens themselves cost, used to price the blocks a placement evicts.
+        """
+        return (
+            self._load_s(self.l1, l1_tokens)
+            + self._load_s(self.l2, l2_tokens)
+            + max(0, computed_tokens) * self.prefill_s_per_token
+        )
+
     def break_even_tokens(self, tier: Tier) -> float:
         """Smallest load from ``tier`` that ``worth_loading`` accepts (inf if none)."""
         cost = self.tier(tier)

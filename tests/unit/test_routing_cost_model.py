@@ -86,6 +86,15 @@ def test_predict_ttft_always_recomputes_at_least_one_token():
     assert m.predict_ttft_s(IDLE, 100, 0, 0, 100) == pytest.approx(0.001)
 
 
+def test_fill_s_is_the_loads_plus_per_token_prefill_without_the_fixed_overhead():
+    m = CostModel()
+    assert m.fill_s(0, 0, 0) == 0.0
+    assert m.fill_s(0, 0, 3653) == pytest.approx(1.0, rel=1e-3)  # 3,653 tokens/s
+    assert m.fill_s(100, 2000, 10) == pytest.approx(
+        m.load_s(Tier.L1, 100) + m.load_s(Tier.L2, 2000) + 10 / 3653, rel=1e-3
+    )
+
+
 def test_from_dict_overlays_nested_tiers_and_keeps_the_rest():
     m = CostModel.from_dict({"kv_bytes_per_token": 1024, "l2": {"latency_s": 0.5}})
     assert m.kv_bytes_per_token == 1024

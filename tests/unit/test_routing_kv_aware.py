@@ -43,12 +43,13 @@ def test_registry_accepts_hyperpod_and_short_names():
 
 
 def test_a_long_l2_only_match_loses_to_a_short_l0_match_plus_load_when_cheaper():
+    # Predicted TTFT alone (eviction_weight 0); the eviction cost is tested below.
     # 1,601 tokens; L2 holds 100 blocks (1,600 tokens) for everybody; "warm" holds 25 in L0.
     match = _match(1601, l2=100, warm=PodPrefix(l0=25, l0_l1=25))
     # cold: 50 + 160 (1,600 L2 tokens) + 1 (last token)             = 211 ms
     # warm: 30 queued + 50 + 120 (1,200 L2 tokens) + 1              = 201 ms
     pods = [PodView("cold"), PodView("warm", in_flight=1, in_flight_prefill_tokens=30)]
-    d = _simple().choose(_req(1601), pods, match, 0.0)
+    d = _simple(eviction_weight=0).choose(_req(1601), pods, match, 0.0)
     assert (d.pod, d.reason) == ("warm", Reason.CACHE_HIT)
     assert (d.predicted_l0_tokens, d.predicted_l1_tokens, d.predicted_l2_tokens) == (400, 0, 1200)
     assert d.predicted_ttft_s == pytest.approx(0.201)
@@ -56,20 +57,53 @@ def test_a_long_l2_only_match_loses_to_a_short_l0_match_plus_load_when_cheaper()
     # With 50 tokens queued the warm pod predicts 221 ms: the L2-only pod wins. Its
     # prefix (1,600 from L2) is as long as warm's, so this is a hit, not a spill.
     pods = [PodView("cold"), PodView("warm", in_flight=1, in_flight_prefill_tokens=50)]
-    d = _simple().choose(_req(1601), pods, match, 0.0)
+    d = _simple(eviction_weight=0).choose(_req(1601), pods, match, 0.0)
     assert (d.pod, d.reason, d.predicted_l2_tokens) == ("cold", Reason.CACHE_HIT, 1600)
 
 
 def test_a_full_l0_hit_behind_a_long_queue_loses_to_an_idle_pod():
     match = _match(1601, hot=PodPrefix(l0=100, l0_l1=100))
     idle = PodView("idle")
-    # hot: 2,000 queued + 1 = 2,001 ms; idle: 1,601 ms of prefill.
-    d = _simple().choose(_req(1601), [PodView("hot", 3, 2000), idle], match, 0.0)
+    # hot: 3,300 queued + 1 = 3,301 ms; idle: 1,601 ms of prefill, plus 1,600 ms for the
+    # 1,600 tokens of other prefixes its L0 write evicts (eviction_weight 1).
+    d = _simple().choose(_req(1601), [PodView("hot", 3, 3300), idle], match, 0.0)
     assert (d.pod, d.reason, d.predicted_cached_tokens) == ("idle", Reason.LOAD_SPILL, 0)
-    assert d.scores == pytest.approx({"hot": 2.001, "idle": 1.601})
-    # 1,000 queued: hot predicts 1,001 ms and keeps the request.
-    d = _simple().choose(_req(1601), [PodView("hot", 3, 1000), idle], match, 0.0)
+    assert d.predicted_ttft_s == pytest.approx(1.601)
+    assert d.scores == pytest.approx({"hot": 3.301, "idle": 3.201})
+    # 2,000 queued: hot predicts 2,001 ms, worse than idle's 1,601 ms, but keeps the
+    # request: spilling would cost idle's cached prefixes more than it saves here.
+    d = _simple().choose(_req(1601), [PodView("hot", 3, 2000), idle], match, 0.0)
     assert (d.pod, d.reason, d.predicted_l0_tokens) == ("hot", Reason.CACHE_HIT, 1600)
+    assert d.predicted_ttft_s == pytest.approx(2.001)
+    # Ranked by predicted TTFT alone, the same request spills.
+    d = _simple(eviction_weight=0).choose(_req(1601), [PodView("hot", 3, 2000), idle], match, 0.0)
+    assert (d.pod, d.reason, d.scores) == (
+        "idle",
+        Reason.LOAD_SPILL,
+        pytest.approx({"hot": 2.001, "idle": 1.601}),
+    )
+
+
+def test_evicting_what_l2_holds_costs_an_l2_load_so_spilling_stays_cheap():
+    # The whole prompt is in L2 too: a pod without it loads it (0.05 + 0.16 s) instead of
+    # recomputing, and what its write evicts is priced the same way.
+    match = _match(1601, l2=100, hot=PodPrefix(l0=100, l0_l1=100))
+    idle = PodView("idle")
+    d = _simple().choose(_req(1601), [PodView("hot", 3, 500), idle], match, 0.0)
+    assert (d.pod, d.reason, d.predicted_l2_tokens) == ("idle", Reason.CACHE_HIT, 1600)
+    assert d.scores == pytest.approx({"hot": 0.501, "idle": 0.211 + 0.21})
+    d = _simple().choose(_req(1601), [PodView("hot", 3, 400), idle], match, 0.0)
+    assert (d.pod, d.predicted_l0_tokens) == ("hot", 1600)
+
+
+def test_a_shorter_l0_prefix_pays_for_the_extra_blocks_it_would_write():
+    # The L2 case above with warm 50 tokens queued: TTFT alone prefers cold (211 < 221 ms),
+    # but cold writes 1,600 L2 tokens into L0 and warm 1,200: 210 vs 170 ms of evictions.
+    match = _match(1601, l2=100, warm=PodPrefix(l0=25, l0_l1=25))
+    pods = [PodView("cold"), PodView("warm", in_flight=1, in_flight_prefill_tokens=50)]
+    d = _simple().choose(_req(1601), pods, match, 0.0)
+    assert (d.pod, d.reason, d.predicted_ttft_s) == ("warm", Reason.CACHE_HIT, pytest.approx(0.221))
+    assert d.scores == pytest.approx({"cold": 0.211 + 0.21, "warm": 0.221 + 0.17})
 
 
 def test_a_short_prompt_held_only_in_l2_does_not_pull_traffic_to_a_busy_pod():
@@ -148,17 +182,30 @@ def test_ties_among_identical_pods_go_to_the_smallest_id(pods):
     assert _simple().choose(_req(800), pods, _match(800), 0.0).pod == "a"
 
 
-def test_a_burst_of_identical_requests_spreads_when_load_is_counted_at_dispatch():
-    kv = KvAware(calibrate=False)  # default model
+def _burst(kv: KvAware, n: int = 32) -> list[str]:
+    """``n`` identical 2,000-token requests, none finishing; load as the gateway counts it."""
     tracker = LoadTracker()
     held: dict[str, PodPrefix] = {}
     placed = []
-    for _ in range(32):  # none of them finishes
-        pods = [PodView(p, tracker.get(p).in_flight, tracker.get(p).prefill_tokens) for p in "abcd"]
+    for _ in range(n):
+        loads = {p: tracker.get(p) for p in "abcd"}
+        pods = [PodView(p, x.in_flight, x.prefill_tokens, prefilling=x.prefilling)
+                for p, x in loads.items()]  # fmt: skip
         d = kv.choose(_req(2000), pods, _match(2000, **held), 0.0)
         tracker.start(d.pod, 2000 - d.predicted_cached_tokens)
         held[d.pod] = PodPrefix(l0=d.speculate_blocks, l0_l1=d.speculate_blocks)  # speculation
         placed.append(d.pod)
+    return placed
+
+
+def test_a_burst_of_identical_requests_spreads_when_load_is_counted_at_dispatch():
+    # Default model: a hit costs ~95 ms of prefill, a copy elsewhere ~637 ms plus ~543 ms
+    # of evictions, so the burst stays on "a" for 6 requests, then fills the others alike.
+    placed = _burst(KvAware(calibrate=False))
+    assert "".join(placed[:24]) == "aaaaaabbbbbbccccccdddddd"
+    assert Counter(placed) == {"a": 8, "b": 8, "c": 8, "d": 8}
+    # Ranked by predicted TTFT alone, the copies are made at once.
+    placed = _burst(KvAware(calibrate=False, eviction_weight=0))
     assert placed[:4] == ["a", "b", "c", "d"]
     assert Counter(placed) == {"a": 8, "b": 8, "c": 8, "d": 8}
 
@@ -191,5 +238,7 @@ def test_per_model_cost_models_overlay_the_default():
 def test_bad_options_fail_at_construction():
     with pytest.raises(ValueError):
         KvAware(cost_model={"no_such_knob": 1})
+    with pytest.raises(ValueError):
+        KvAware(eviction_weight=-1)
     with pytest.raises(TypeError):
         KvAware(calibration={"windw": 3})
