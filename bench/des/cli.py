@@ -1,7 +1,11 @@
-"""``kvgate bench des``: replay a trace on a simulated fleet in simulated time.
+"""``kvgate bench des``: a trace, or a fleet-benchmark preset, on a simulated fleet.
 
     kvgate bench des --trace shared/data/mooncake_synthetic_trace.jsonl --pods 16 \\
         --strategies round-robin,kv-aware --tiers L0+L1+L2 --profile original
+    kvgate bench des --preset quick --seeds 0,1,2      # kvgate bench quick's cells
+
+With ``--preset`` the prompts, arrivals, pods and tier setups are the preset's
+(``bench.des.presets``); ``--pods``, ``--tiers`` and ``--workloads`` override them.
 """
 
 from __future__ import annotations
@@ -9,12 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from bench.des.report import DesSummary, print_des, summarize_des
+from bench.des.report import DesSummary, print_des, print_over_seeds, summarize_des
 from bench.des.sim import run_des
 from bench.des.types import TIER_SETUPS, DesPodSpec, DesRequest
 from bench.des.workload import MOONCAKE_BLOCK_TOKENS, load_mooncake, poisson_arrivals
@@ -26,13 +31,21 @@ DEFAULT_STRATEGIES = "round-robin,least-loaded,prefix-aware,kv-aware"
 
 def add_des_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
-    a("--trace", type=Path, required=True, help="Mooncake-format JSONL trace")
-    a("--pods", type=int, default=16)
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trace", type=Path, help="Mooncake-format JSONL trace")
+    src.add_argument("--preset", choices=("quick", "docs", "tiny"),
+                     help="the fleet benchmark preset's workloads, load and pods")  # fmt: skip
+    a("--workloads", help="with --preset: comma-separated, of rag,prefix,chat (default: preset's)")
+    a("--pods", type=int, default=None, help="default: 16, or the preset's")
     a("--strategies", default=DEFAULT_STRATEGIES, help="comma-separated strategy names")
-    a("--tiers", default="L0+L1+L2", help=f"comma-separated, of {', '.join(TIER_SETUPS)}")
+    a("--strategy-options", type=json.loads, default={},
+      help='JSON like KVGATE_STRATEGY_OPTIONS: {"kv-aware": {"eviction_weight": 0}}')  # fmt: skip
+    a("--tiers", default=None, help=f"comma-separated, of {', '.join(TIER_SETUPS)} "
+      "(default: L0+L1+L2, or the preset's)")  # fmt: skip
     a("--profile", default="original", choices=sorted(PROFILES))
-    a("--block-size", type=int, default=MOONCAKE_BLOCK_TOKENS,
-      help="tokens per cache block (the trace's hash ids are 512-token blocks)")  # fmt: skip
+    a("--block-size", type=int, default=None,
+      help="tokens per cache block (default: 512 for a trace, whose hash ids are 512-token "
+      "blocks; 32 for a preset, the simulated pods' block size)")  # fmt: skip
     a("--l1-policy", choices=("write-through", "evict"), default="write-through")
     a("--no-l2-events", action="store_true",
       help="LMCache fs:// mode: pods publish no L2 events (the index never sees L2)")  # fmt: skip
@@ -41,6 +54,8 @@ def add_des_arguments(parser: argparse.ArgumentParser) -> None:
     a("--limit", type=int, default=None, help="first N trace lines only")
     a("--poisson-rate", type=float, default=None, help="re-time arrivals as Poisson (req/s)")
     a("--seed", type=int, default=0)
+    a("--seeds", type=lambda t: [int(x) for x in t.split(",") if x.strip()], default=None,
+      help="with --preset: comma-separated seeds, one run each (default: --seed)")  # fmt: skip
     a("--event-delay-ms", type=float, default=0.0, help="KV event delay pod -> index")
     a("--scrape-interval-s", type=float, default=2.0, help="pod metrics refresh period")
     a("--out", type=Path, default=None, help="write summaries as JSON here")
@@ -68,36 +83,123 @@ def _requests(args: argparse.Namespace) -> list[DesRequest]:
     return reqs
 
 
-def run_des_cli(args: argparse.Namespace) -> int:
+def _strategy_options(
+    strategy: str, kv_base: dict[str, Any], user: dict[str, Any]
+) -> dict[str, Any] | None:
+    """``--strategy-options`` for ``strategy``, laid over kv-aware's matching cost model."""
+    name = canonical_name(strategy)
+    mine: dict[str, Any] = {}
+    for key, value in user.items():
+        if canonical_name(key) == name:
+            mine.update(value)
+    if name == "kv-aware":
+        return {**kv_base, **mine}
+    return mine or None
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn())  # fmt: skip
+
+
+def _run(
+    args: argparse.Namespace,
+    requests: list[DesRequest] | list[list[DesRequest]],
+    total: int,
+    pods: int,
+    strategy: str,
+    spec: DesPodSpec,
+    options: dict[str, Any] | None,
+    concurrency: int | None,
+    bar: Progress,
+    label: str,
+) -> DesSummary:
+    task = bar.add_task(label, total=total)
+    started = time.perf_counter()
+    results = run_des(
+        requests,
+        pods,
+        strategy,
+        spec,
+        concurrency=concurrency,
+        strategy_options=options,
+        event_delay_s=args.event_delay_ms / 1000,
+        scrape_interval_s=args.scrape_interval_s,
+        progress=lambda n: bar.update(task, completed=n),
+    )
+    return summarize_des(label, spec_tiers(spec), results, time.perf_counter() - started)
+
+
+def spec_tiers(spec: DesPodSpec) -> str:
+    """The tier setup a pod spec describes (``TIER_SETUPS`` naming)."""
+    tiers = "L0" + ("+L1" if spec.l1_capacity_blocks else "")
+    return tiers + ("+L2" if spec.l2_capacity_blocks else "")
+
+
+def _csv(text: str | None) -> list[str]:
+    return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+
+def run_trace(args: argparse.Namespace, strategies: list[str]) -> list[DesSummary]:
     requests = _requests(args)
-    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    tier_setups = [t.strip() for t in args.tiers.split(",") if t.strip()]
+    pods = args.pods or 16
     profile = get_profile(args.profile)
+    args.block_size = args.block_size or MOONCAKE_BLOCK_TOKENS
     summaries: list[DesSummary] = []
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn())  # fmt: skip
-    with Progress(*columns) as bar:
-        for tiers in tier_setups:
+    with _progress() as bar:
+        for tiers in _csv(args.tiers) or ["L0+L1+L2"]:
             spec = _spec(args, tiers)
+            kv_base = {"cost_model": profile.cost_model(spec.block_size)}
             for strategy in strategies:
-                task = bar.add_task(f"{strategy} {tiers}", total=len(requests))
-                options = {"cost_model": profile.cost_model(spec.block_size)}
-                started = time.perf_counter()
-                results = run_des(
-                    requests,
-                    args.pods,
-                    strategy,
-                    spec,
-                    strategy_options=options if canonical_name(strategy) == "kv-aware" else None,
-                    event_delay_s=args.event_delay_ms / 1000,
-                    scrape_interval_s=args.scrape_interval_s,
-                    progress=lambda n, t=task: bar.update(t, completed=n),
-                )
-                wall = time.perf_counter() - started
-                summaries.append(summarize_des(strategy, tiers, results, wall))
-    title = (f"DES: {len(requests)} requests, {args.pods} pods, profile {args.profile}, "
+                options = _strategy_options(strategy, kv_base, args.strategy_options)
+                summaries.append(_run(args, requests, len(requests), pods, strategy, spec,
+                                      options, None, bar, strategy))  # fmt: skip
+    title = (f"DES: {len(requests)} requests, {pods} pods, profile {args.profile}, "
              f"trace {args.trace.name}")  # fmt: skip
     print_des(summaries, title)
+    return summaries
+
+
+def run_preset(args: argparse.Namespace, strategies: list[str]) -> list[DesSummary]:
+    from bench.des.presets import (
+        PRESET_BLOCK_SIZE,
+        get_preset,
+        kv_aware_options,
+        preset_inputs,
+        preset_spec,
+    )
+
+    preset = get_preset(args.preset)
+    changes: dict[str, Any] = {"pods": args.pods, "tiers": tuple(_csv(args.tiers)) or None}
+    preset = replace(preset, **{k: v for k, v in changes.items() if v is not None})
+    block_size = args.block_size or PRESET_BLOCK_SIZE
+    kv_base = kv_aware_options(preset, block_size)
+    summaries: list[DesSummary] = []
+    over_seeds: dict[tuple[str, str], list[DesSummary]] = {}
+    with _progress() as bar:
+        for seed in args.seeds or [args.seed]:
+            for inp in preset_inputs(preset, _csv(args.workloads) or None, seed, block_size):
+                for tiers in preset.tiers:
+                    spec = preset_spec(preset, tiers, block_size)
+                    for strategy in strategies:
+                        options = _strategy_options(strategy, kv_base, args.strategy_options)
+                        label = f"{inp.workload} {inp.load} seed {seed}: {strategy}"
+                        summary = _run(args, inp.requests, inp.size, preset.pods, strategy,
+                                       spec, options, inp.concurrency, bar, label)  # fmt: skip
+                        summaries.append(summary)
+                        key = (f"{inp.workload} {inp.load}: {strategy}", tiers)
+                        over_seeds.setdefault(key, []).append(summary)
+    title = f"DES: preset {args.preset}, {preset.pods} pods"
+    if len(args.seeds or []) > 1:  # one row per run is in --out
+        print_over_seeds(over_seeds, f"{title}, seeds {','.join(map(str, args.seeds))}")
+    else:
+        print_des(summaries, title)
+    return summaries
+
+
+def run_des_cli(args: argparse.Namespace) -> int:
+    strategies = _csv(args.strategies)
+    summaries = run_preset(args, strategies) if args.preset else run_trace(args, strategies)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps([asdict(s) for s in summaries], indent=2))

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from statistics import mean, median
 
 from rich.console import Console
 from rich.table import Table
@@ -99,3 +100,37 @@ def print_des(summaries: Sequence[DesSummary], title: str, console: Console | No
     if not console.is_terminal:
         console = Console(width=170)
     console.print(des_table(summaries, title))
+
+
+def over_seeds_table(groups: Mapping[tuple[str, str], Sequence[DesSummary]], title: str) -> Table:
+    """One row per (label, tiers): TTFT p90 median and range over seeds, mean cached share."""
+    table = Table(title=title)
+    columns = ("strategy", "tiers", "seeds", "TTFT p90 median ms", "p90 min ms", "p90 max ms",
+               "TTFT p50 median ms", "cached mean", "L2 cross-pod mean")  # fmt: skip
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("strategy", "tiers") else "right")
+    for (label, tiers), runs in groups.items():
+        p90 = [s.ttft_p90_ms for s in runs]
+        table.add_row(
+            label,
+            tiers,
+            str(len(runs)),
+            f"{median(p90):.0f}",
+            f"{min(p90):.0f}",
+            f"{max(p90):.0f}",
+            f"{median(s.ttft_p50_ms for s in runs):.0f}",
+            f"{mean(s.cached_ratio for s in runs):.1%}",
+            f"{mean(s.cross_pod_l2 for s in runs):.0%}",
+        )
+    return table
+
+
+def print_over_seeds(
+    groups: Mapping[tuple[str, str], Sequence[DesSummary]],
+    title: str,
+    console: Console | None = None,
+) -> None:
+    console = console or Console()
+    if not console.is_terminal:
+        console = Console(width=170)
+    console.print(over_seeds_table(groups, title))

@@ -155,3 +155,25 @@ def test_sixteen_pods_replay_a_thousand_trace_requests_in_seconds():
     out = run_des(reqs, 16, "kv-aware", "original", "L0+L1+L2", block_size=512)
     assert len(out) == 1000 and all(r.ttft_s > 0 for r in out)
     assert time.perf_counter() - started < 20
+
+
+def test_a_preset_runs_in_the_des_with_the_fleet_benchmarks_prompts_arrivals_and_pods():
+    from bench.des.presets import get_preset, kv_aware_options, preset_inputs, preset_spec
+    from bench.quick import QUICK_POD
+
+    tiny = get_preset("tiny")  # 2 pods, rag, L0, poisson:8, 20 requests
+    (inp,) = preset_inputs(tiny, seed=3)
+    assert (inp.workload, inp.load, inp.size, inp.concurrency) == ("rag", "8 qps", 20, None)
+    times = [r.arrival_s for r in inp.requests]
+    assert times[0] == 0.0 and times == sorted(times) and times[-1] > 0
+    assert all(len(r.block_keys) == r.prompt_tokens // 32 for r in inp.requests)
+    assert all(r.prompt_tokens > 1900 and r.output_tokens == 16 for r in inp.requests)
+    quick = preset_spec(get_preset("quick"), "L0+L1+L2")
+    assert (quick.l0_capacity_blocks, quick.l1_capacity_blocks) == (256, 2048)
+    assert quick.timing.prefill_tokens_per_s == QUICK_POD["prefill_tokens_per_s"]
+    assert quick.l2_capacity_blocks > 0 and preset_spec(tiny, "L0").l2_capacity_blocks == 0
+    spec = preset_spec(tiny, "L0")
+    kv = run_des(inp.requests, tiny.pods, "kv-aware", spec, strategy_options=kv_aware_options(tiny))
+    rr = run_des(inp.requests, tiny.pods, "round-robin", spec)
+    cached = [sum(r.cached_tokens for r in out) for out in (kv, rr)]
+    assert cached[0] > cached[1] > 0
