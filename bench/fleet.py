@@ -74,6 +74,7 @@ class FleetPlan:
     model: str = "kvgate-tiny-llama"
     block_size: int = 32
     seed: int = 0
+    peer_tiers: list[str] | None = None  # peer routers run on these tier setups only (None: all)
 
 
 @dataclass
@@ -237,6 +238,15 @@ def run_cell_retrying(
     return cell
 
 
+def _peer_not_run(plan: FleetPlan, router: str, tier: str) -> str:
+    """Why a peer's cell is left out by the plan (``peer_tiers``), or "" if it runs."""
+    if router not in PEERS or plan.peer_tiers is None or plan.pods_url:
+        return ""  # real pods have one tier setup, "as deployed": everyone runs on it
+    if tier in plan.peer_tiers:
+        return ""
+    return f"not run: this plan runs peers on {', '.join(plan.peer_tiers) or 'no tier'} only"
+
+
 def run_fleet(plan: FleetPlan, on_cell: Any = None) -> list[Cell]:
     """Every workload x tier setup x load x router, in that nesting order."""
     cells: list[Cell] = []
@@ -246,7 +256,10 @@ def run_fleet(plan: FleetPlan, on_cell: Any = None) -> list[Cell]:
         for tier in tiers:
             for load in loads:
                 for router in plan.routers:
-                    cell = run_cell_retrying(plan, workload, tier, load, router)
+                    if not_here := _peer_not_run(plan, router, tier):
+                        cell = Cell(workload.name, tier, load.label, router, skipped=not_here)
+                    else:
+                        cell = run_cell_retrying(plan, workload, tier, load, router)
                     cells.append(cell)
                     if on_cell is not None:
                         on_cell(cell)

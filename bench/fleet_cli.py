@@ -24,7 +24,9 @@ def add_fleet(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workloads", type=_csv, help="rag,prefix,chat,trace (default: preset's)")
     p.add_argument("--routers", type=_csv, help="kvgate strategies (default: the four)")
     p.add_argument("--peer", action="append", default=[], choices=sorted(PEERS),
-                   help="also run this router (installed on demand); repeatable")  # fmt: skip
+                   help="also run this router (installed on demand); repeatable; replaces "
+                   "the preset's peers")  # fmt: skip
+    p.add_argument("--no-peers", action="store_true", help="run none of the preset's peers")
     p.add_argument("--tiers", type=_csv, help="L0,L0+L1,L0+L1+L2 (default: preset's)")
     p.add_argument("--load", action="append", default=[],
                    help="closed:USERS or poisson:QPS; repeatable (default: preset's)")  # fmt: skip
@@ -45,9 +47,14 @@ def add_fleet(sub: argparse._SubParsersAction) -> None:
 def add_quick(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "quick",
-        help="the quick fleet benchmark: RAG + shared-prefix, every strategy, a few minutes",
+        help="the quick fleet benchmark: RAG + shared-prefix, round-robin vs kv-aware vs "
+        "sglang-router and vllm-router, ~9 minutes on 2 cores",
+        description="kvgate bench fleet --preset quick (see bench/quick.py). The peers are "
+        "installed on first use into ~/.cache/kvgate/peers (KVGATE_PEERS_HOME) from PyPI.",
     )
-    p.add_argument("--peer", action="append", default=[], choices=sorted(PEERS))
+    p.add_argument("--peer", action="append", default=[], choices=sorted(PEERS),
+                   help="run only these peers (repeatable; default: all of them)")  # fmt: skip
+    p.add_argument("--no-peers", action="store_true", help="kvgate's routers only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("reports/quick"))
     p.set_defaults(bench_func=run_quick_cli)
@@ -56,8 +63,15 @@ def add_quick(sub: argparse._SubParsersAction) -> None:
 def run_quick_cli(args: argparse.Namespace) -> int:
     from bench.quick import run_quick
 
-    cells = run_quick(args.out, seed=args.seed, peers=args.peer)
+    cells = run_quick(args.out, seed=args.seed, peers=_peers(args))
     return 0 if all(c.summary is None or c.summary.errors == 0 for c in cells) else 1
+
+
+def _peers(args: argparse.Namespace) -> list[str] | None:
+    """``--peer`` list, or none with ``--no-peers``, or None: the preset's."""
+    if args.peer and args.no_peers:
+        raise SystemExit("--peer and --no-peers contradict each other")
+    return list(args.peer) if args.peer else [] if args.no_peers else None
 
 
 def run_fleet_cli(args: argparse.Namespace) -> int:
@@ -67,6 +81,7 @@ def run_fleet_cli(args: argparse.Namespace) -> int:
     from bench.quick import PRESETS, build_workloads, plan_from_preset, run_and_report
 
     preset = PRESETS[args.preset]
+    peers = _peers(args)
     changes = {
         k: v
         for k, v in {
@@ -76,6 +91,8 @@ def run_fleet_cli(args: argparse.Namespace) -> int:
             "pods": args.pods,
             "requests": args.requests,
             "l1_capacity_blocks": args.l1_capacity_blocks,
+            "routers": tuple(args.routers) if args.routers else None,
+            "peers": tuple(peers) if peers is not None else None,
         }.items()
         if v is not None
     }
@@ -87,7 +104,6 @@ def run_fleet_cli(args: argparse.Namespace) -> int:
         plan.workloads = build_workloads(
             list(preset.workloads), preset, preset.pods, args.seed, args.trace
         )
-    plan.routers = list(args.routers or plan.routers) + list(args.peer)
     plan.pods_url = list(args.pods_url)
     plan.profile = args.profile
     plan.redis = args.redis

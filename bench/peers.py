@@ -1,7 +1,9 @@
 """Other routers run side by side with kvgate: vllm-router and sglang-router.
 
 Each is installed from PyPI on demand into its own venv under
-``~/.cache/kvgate/peers/<name>`` (they pin their own dependencies), started in
+``~/.cache/kvgate/peers/<name>`` (they pin their own dependencies), at the version
+whose flags were checked (``PeerSpec.version``; bump it after checking a newer
+``--help``; a venv holding another version is reinstalled), started in
 front of the same pods with its cache-aware policy, and measured by the same
 load generator. When one cannot be installed or started, ``PeerUnavailable``
 carries the reason, and the report prints that reason instead of numbers.
@@ -46,15 +48,17 @@ class PodEndpoint:
 class PeerSpec:
     name: str
     package: str
+    version: str  # installed as package==version
     policy: str
     entry: tuple[str, ...]  # argv prefix relative to the venv's bin/
 
 
 PEERS: dict[str, PeerSpec] = {
-    "vllm-router": PeerSpec("vllm-router", "vllm-router", "kv_aware", ("vllm-router",)),
+    "vllm-router": PeerSpec("vllm-router", "vllm-router", "0.1.17", "kv_aware", ("vllm-router",)),
     "sglang-router": PeerSpec(
         "sglang-router",
         "sglang-router",
+        "0.3.2",
         "cache_aware",
         ("python", "-m", "sglang_router.launch_router"),
     ),
@@ -72,13 +76,13 @@ def ensure_peer(name: str, install_timeout_s: float = 600.0) -> Path:
         raise PeerUnavailable(f"unknown peer {name!r} (known: {', '.join(PEERS)})")
     venv = peers_home() / name
     bin_dir = venv / "bin"
-    if (bin_dir / spec.entry[0]).exists() and peer_version(name) is not None:
+    if (bin_dir / spec.entry[0]).exists() and peer_version(name) == spec.version:
         return bin_dir
     try:
         venv.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
         subprocess.run(
-            [str(bin_dir / "pip"), "install", "-q", spec.package],
+            [str(bin_dir / "pip"), "install", "-q", f"{spec.package}=={spec.version}"],
             check=True,
             timeout=install_timeout_s,
             capture_output=True,

@@ -2,8 +2,18 @@
 
 ``quick`` is ``kvgate bench fleet --preset quick``: 4 simulated pods, the RAG and
 shared-prefix workloads, round-robin vs kv-aware, L0 only and L0+L1+L2, Poisson
-load near round-robin's saturation, a few minutes on 2 cores. It prints the headline table and where
-the report went.
+load near round-robin's saturation, plus the peer routers (sglang-router and
+vllm-router, installed on first use; ``--no-peers`` skips them) on the L0 tier. It
+prints the headline table, kv-aware against each peer, and where the report went.
+
+Time on 2 cores: a cell is ~35 s of load (400 requests at 12 qps) plus ~6 s to start
+pods and router, so the 8 kvgate cells take ~5.5 min and the peers ~3 min more
+(plus their one-time install). Peers run on L0 only, at the same 400 requests (so
+their p90 is comparable with kv-aware's): with only L0 the router alone decides what
+gets recomputed. With L2 on, every router's misses become cheap L2 loads: in
+docs/BENCHMARKS.md all six routers' L0+L1+L2 p90s lay within 87-171 ms (91-5,870 ms
+on L0), so L0+L1+L2 peer cells would add 3 minutes that measure the tier more than
+the router. ``kvgate bench fleet --preset docs --peer NAME`` runs peers on every tier.
 
 Why these numbers: pods are prefill-bound like a 7B model on one A10G (the
 original deployment: ~4k prompt tokens/s, ~20 ms fixed, 10 ms per output token,
@@ -16,7 +26,7 @@ from __future__ import annotations
 
 import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +55,8 @@ class Preset:
     tiers: tuple[str, ...] = ("L0", "L0+L1+L2")
     loads: tuple[str, ...] = ("poisson:12",)
     requests: int = 400
+    peers: tuple[str, ...] = ()  # peer routers (bench.peers) run after kvgate's
+    peer_tiers: tuple[str, ...] | None = None  # tier setups the peers run on (None: all)
     l1_capacity_blocks: int = 2048
     trace_requests: int = 200
     trace_speedup: float = 4.0
@@ -52,8 +64,8 @@ class Preset:
 
 
 PRESETS = {
-    # Round-robin and kv-aware only: the comparison the README promises, in minutes.
-    "quick": Preset(),
+    # Round-robin and kv-aware, and the peers on L0: the comparison the README promises.
+    "quick": Preset(peers=("sglang-router", "vllm-router"), peer_tiers=("L0",)),
     # docs/BENCHMARKS.md: every strategy (peers are added with --peer).
     "docs": Preset(routers=tuple(STRATEGIES)),
     "tiny": Preset(pods=2, workloads=("rag",), tiers=("L0",), loads=("poisson:8",), requests=20),
@@ -105,13 +117,14 @@ def build_workloads(
 def plan_from_preset(preset: Preset, seed: int = 0, **changes: Any) -> FleetPlan:
     plan = FleetPlan(
         workloads=build_workloads(list(preset.workloads), preset, preset.pods, seed),
-        routers=list(preset.routers),
+        routers=list(dict.fromkeys([*preset.routers, *preset.peers])),
         tiers=list(preset.tiers),
         loads=[Load.parse(x) for x in preset.loads],
         pods=preset.pods,
         pod_config=dict(preset.pod_config),
         l1_capacity_blocks=preset.l1_capacity_blocks,
         seed=seed,
+        peer_tiers=list(preset.peer_tiers) if preset.peer_tiers is not None else None,
     )
     for key, value in changes.items():
         setattr(plan, key, value)
@@ -125,7 +138,7 @@ def wide_console() -> Console:
 
 
 def print_headline(cells: list[Cell], console: Console) -> None:
-    from bench.report import HEADLINE_COLUMNS, headline_rows, headlines
+    from bench.report import HEADLINE_COLUMNS, PEER_COLUMNS, headline_rows, headlines, peer_rows
 
     table = Table(title="kvgate fleet benchmark: TTFT p90, kv-aware vs round-robin")
     for col in HEADLINE_COLUMNS:
@@ -133,6 +146,14 @@ def print_headline(cells: list[Cell], console: Console) -> None:
     for row in headline_rows(headlines(cells)):
         table.add_row(*row)
     console.print(table)
+    rows = peer_rows(cells)
+    if rows:
+        table = Table(title="kv-aware vs peers: TTFT p90 (ahead = kv-aware's is lower)")
+        for col in PEER_COLUMNS:
+            table.add_column(col, overflow="fold")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
 
 
 def print_cell(cell: Cell, console: Console) -> None:
@@ -167,7 +188,8 @@ def run_and_report(plan: FleetPlan, out_dir: Path, console: Console | None = Non
 def run_quick(
     out_dir: Path, seed: int = 0, peers: list[str] | None = None, console: Console | None = None
 ) -> list[Cell]:
-    """The README's first command: the quick preset (plus any peers asked for)."""
-    plan = plan_from_preset(PRESETS["quick"], seed=seed)
-    plan.routers += list(peers or [])
-    return run_and_report(plan, out_dir, console)
+    """The README's first command: the quick preset; ``peers`` replaces its peers."""
+    preset = PRESETS["quick"]
+    if peers is not None:
+        preset = replace(preset, peers=tuple(peers))
+    return run_and_report(plan_from_preset(preset, seed=seed), out_dir, console)

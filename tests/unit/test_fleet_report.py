@@ -1,0 +1,73 @@
+"""Fleet report without running a fleet: the peer comparison, peer tiers, quick's peers."""
+
+import argparse
+
+from bench.fleet import Cell, FleetPlan, Load, run_fleet
+from bench.fleet_cli import _peers
+from bench.quick import PRESETS
+from bench.report import headline_rows, headlines, peer_rows, render, versus
+from bench.summary import RunSummary
+from bench.workloads import Workload
+
+
+def cell(router: str, p90: float, tiers: str = "L0", cached: float = 0.9) -> Cell:
+    s = RunSummary(router, 400, 0, p90 / 2, p90, p90 * 2, p90 / 2, p90, cached, {}, 35.0)
+    return Cell("rag", tiers, "12 qps", router, summary=s)
+
+
+def test_versus_says_ahead_or_behind_with_a_ratio_above_one():
+    assert versus(50.0, 100.0) == "kv-aware 2.00x ahead"
+    assert versus(100.0, 80.0) == "kv-aware 1.25x behind"
+    assert versus(70.0, 70.0) == "kv-aware 1.00x ahead"
+
+
+def test_peer_rows_compare_each_peer_with_kv_aware_on_the_same_cell_only():
+    cells = [
+        cell("round-robin", 1000.0),
+        cell("kv-aware", 80.0, cached=0.93),
+        cell("sglang-router", 96.0, cached=0.94),
+        cell("vllm-router", 40.0),
+        cell("kv-aware", 50.0, tiers="L0+L1+L2"),
+        Cell("rag", "L0+L1+L2", "12 qps", "sglang-router", skipped="not run: peers on L0 only"),
+    ]
+    assert peer_rows(cells) == [
+        ["rag", "L0", "12 qps", "80", "sglang-router", "96", "kv-aware 1.20x ahead", "93%", "94%"],
+        ["rag", "L0", "12 qps", "80", "vllm-router", "40", "kv-aware 2.00x behind", "93%", "90%"],
+    ]
+    head = headline_rows(headlines(cells))
+    assert head[0][5] == "12.5x"
+    assert head[0][7] == (
+        "vllm-router: p90 40 ms, kv-aware 2.00x behind; sglang-router: p90 96 ms, "
+        "kv-aware 1.20x ahead"
+    )
+    assert head[1][7].startswith("sglang-router: not run")
+    plan = FleetPlan(workloads=[])
+    text = render(cells, plan, {"command": "x"}, {}, {"rag": "docs"})
+    assert "## kv-aware vs peers" in text and "kv-aware 2.00x behind" in text
+
+
+def test_peers_outside_peer_tiers_are_reported_not_run():
+    plan = FleetPlan(
+        workloads=[Workload("rag", [])],
+        routers=["sglang-router", "vllm-router"],
+        tiers=["L0+L1+L2"],
+        loads=[Load("poisson", 12)],
+        peer_tiers=["L0"],
+    )
+    cells = run_fleet(plan)  # nothing starts: every cell is left out by the plan
+    assert [(c.router, c.summary, c.skipped) for c in cells] == [
+        (r, None, "not run: this plan runs peers on L0 only") for r in plan.routers
+    ]
+
+
+def test_quick_runs_both_peers_on_l0_unless_told_otherwise():
+    quick = PRESETS["quick"]
+    assert (quick.peers, quick.peer_tiers) == (("sglang-router", "vllm-router"), ("L0",))
+    assert PRESETS["docs"].peers == () and PRESETS["docs"].peer_tiers is None
+
+    def args(peer: list[str], no_peers: bool) -> argparse.Namespace:
+        return argparse.Namespace(peer=peer, no_peers=no_peers)
+
+    assert _peers(args([], False)) is None  # the preset's
+    assert _peers(args([], True)) == []
+    assert _peers(args(["vllm-router"], False)) == ["vllm-router"]
