@@ -12,17 +12,61 @@ from typing import Protocol, runtime_checkable
 
 from kvindex.types import PrefixMatch, Tier
 
+GROUP_BLOCKS = 16  # blocks per chain group (``Positions.offsets`` are depth mod this)
+
+
+@dataclass(frozen=True, slots=True)
+class Positions:
+    """Where each key of an op sits on its chain, aligned with the op's keys.
+
+    Chains are cut into groups of ``GROUP_BLOCKS`` blocks from the root: block ``d``
+    is at ``offset = d % GROUP_BLOCKS`` of the group whose first block (its
+    ``anchor``) is at depth ``d - offset``; ``parent`` is the block before it (its
+    own key at offset 0, where the parent lies in the previous group and is not
+    needed). Stores that keep per-group summaries (``RedisStore``) use them; the
+    others ignore them. Ops without positions stay exact, only slower to look up
+    in such stores."""
+
+    offsets: Sequence[int]
+    anchors: Sequence[int]
+    parents: Sequence[int]
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+
+def chain_positions(
+    keys: Sequence[int], depth: int = 0, anchor: int = 0, parent: int = 0
+) -> Positions:
+    """Positions of ``keys`` as one chain whose first key is at ``depth``.
+
+    ``anchor``/``parent``: the first key's group anchor and parent when ``depth`` is
+    not a multiple of ``GROUP_BLOCKS`` (ignored otherwise)."""
+    offsets, anchors, parents = [], [], []
+    for i, key in enumerate(keys):
+        off = (depth + i) % GROUP_BLOCKS
+        if off == 0:
+            anchor = key
+        if i:
+            parent = keys[i - 1]
+        offsets.append(off)
+        anchors.append(anchor)
+        parents.append(parent if off else key)
+    return Positions(offsets, anchors, parents)
+
 
 @dataclass(frozen=True, slots=True)
 class Stored:
     tier: Tier
     keys: Sequence[int]
+    pos: Positions | None = field(default=None, compare=False)  # aligned with keys; None: unknown
 
 
 @dataclass(frozen=True, slots=True)
 class Removed:
     tier: Tier
     keys: Sequence[int]
+    pos: Positions | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,16 +8,42 @@ An engine block usually is one router block (value: one int). When the engine's
 blocks are a multiple ``k`` of the router's block size (e.g. LMCache 256-token
 chunks), one engine hash stands for ``k`` consecutive router keys (value: a tuple);
 the last of them is the parent of the next block.
+
+Each entry also keeps where its first router key sits on its chain (depth, group
+anchor, parent; see ``kvindex.store.Positions``), so that hash-only events can tell
+stores with per-group summaries which groups they touch.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import NamedTuple
 
 from kvindex.events.types import EngineHash
+from kvindex.store import Positions, chain_positions
 
 RouterKeys = int | tuple[int, ...]
 DEFAULT_CAPACITY = 262_144
+
+
+class Entry(NamedTuple):
+    keys: RouterKeys
+    depth: int  # of the first key; the root's first block is 0
+    anchor: int  # first key's group anchor
+    parent: int  # first key's parent (itself at a group start)
+
+    def key_list(self) -> list[int]:
+        return [self.keys] if isinstance(self.keys, int) else list(self.keys)
+
+    def positions(self) -> Positions:
+        return chain_positions(self.key_list(), self.depth, self.anchor, self.parent)
+
+    def tail(self) -> tuple[int, int, int]:
+        """(last key, its depth, its group anchor): what a child block chains from."""
+        if isinstance(self.keys, int):
+            return self.keys, self.depth, self.anchor
+        pos = self.positions()
+        return self.keys[-1], self.depth + len(self.keys) - 1, pos.anchors[-1]
 
 
 class EngineKeyMap:
@@ -27,32 +53,36 @@ class EngineKeyMap:
         if capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
         self.capacity = capacity
-        self._map: OrderedDict[EngineHash, RouterKeys] = OrderedDict()
+        self._map: OrderedDict[EngineHash, Entry] = OrderedDict()
         self.evictions = 0
 
     def __len__(self) -> int:
         return len(self._map)
 
-    def learn(self, engine_hash: EngineHash, keys: RouterKeys) -> None:
+    def learn(
+        self, engine_hash: EngineHash, keys: RouterKeys, depth: int, anchor: int, parent: int
+    ) -> None:
         m = self._map
-        m[engine_hash] = keys
+        m[engine_hash] = Entry(keys, depth, anchor, parent)
         m.move_to_end(engine_hash)
         if len(m) > self.capacity:
             m.popitem(last=False)
             self.evictions += 1
 
-    def get(self, engine_hash: EngineHash) -> RouterKeys | None:
-        keys = self._map.get(engine_hash)
-        if keys is not None:
+    def entry(self, engine_hash: EngineHash) -> Entry | None:
+        found = self._map.get(engine_hash)
+        if found is not None:
             self._map.move_to_end(engine_hash)
-        return keys
+        return found
+
+    def get(self, engine_hash: EngineHash) -> RouterKeys | None:
+        found = self.entry(engine_hash)
+        return None if found is None else found.keys
 
     def last_key(self, engine_hash: EngineHash) -> int | None:
         """The router key that a child block chains from, or None if unknown."""
-        keys = self.get(engine_hash)
-        if keys is None or isinstance(keys, int):
-            return keys
-        return keys[-1]
+        found = self.entry(engine_hash)
+        return None if found is None else found.tail()[0]
 
     def clear(self) -> None:
         self._map.clear()

@@ -21,7 +21,7 @@ from kvindex.events.types import EngineBatch, EngineCleared, EngineRemoved, Engi
 from kvindex.events.vllm_adapter import tier_of
 from kvindex.keyer import BlockKeyer, chain_packed, pack_tokens
 from kvindex.metrics import IndexMetrics, normalize_medium
-from kvindex.store import Cleared, IndexOp, Removed, Stored
+from kvindex.store import Cleared, IndexOp, Positions, Removed, Stored, chain_positions
 from kvindex.types import Tier
 
 log = logging.getLogger(__name__)
@@ -118,31 +118,32 @@ class EventTranslator:
             return None
         if ev.block_size and ev.block_size != self.keyer.block_size:
             self._size_mismatch(ev.block_size)
-        keys = self._learn(ev) if ev.token_ids else self._resolve(ev.hashes)
+        keys, pos = self._learn(ev) if ev.token_ids else self._resolve(ev.hashes)
         if not keys:
             return None
         self.stats.blocks_stored += len(keys)
         self._count("BlockStored", ev.medium)
-        return Stored(tier, keys)
+        return Stored(tier, keys, pos)
 
     def _removed(self, ev: EngineRemoved) -> Removed | None:
         tier = tier_of(ev.medium, ev.locality)
         if tier is None or not self._indexed(ev.group_idx):
             self.stats.ignored += 1
             return None
-        keys = self._resolve(ev.hashes)
+        keys, pos = self._resolve(ev.hashes)
         if not keys:
             return None
         self.stats.blocks_removed += len(keys)
         self._count("BlockRemoved", ev.medium)
-        return Removed(tier, keys)
+        return Removed(tier, keys, pos)
 
     def _cleared(self, ev: EngineCleared) -> Cleared:
         self._count("AllBlocksCleared", None)
         return Cleared(POD_TIERS)
 
-    def _learn(self, ev: EngineStored) -> list[int]:
-        """Router keys of a BlockStored with tokens; remembers engine hash → keys."""
+    def _learn(self, ev: EngineStored) -> tuple[list[int], Positions | None]:
+        """Router keys (and their chain positions) of a BlockStored with tokens;
+        remembers engine hash → keys."""
         size = self.keyer.block_size
         per = ev.block_size // size if ev.block_size % size == 0 else 0
         n = len(ev.hashes)
@@ -150,50 +151,64 @@ class EventTranslator:
             if per:  # the sizes agree but the token count does not: a broken event
                 self.stats.malformed += 1
                 self._decode_errors.inc()
-            return []
-        parent = self._parent_key(ev)
-        if parent is None:
-            return []
+            return [], None
+        chained = self._chain_start(ev)
+        if chained is None:
+            return [], None
+        seed, depth, anchor = chained
         try:
             packed = pack_tokens(ev.token_ids)
         except (OverflowError, TypeError):
             self.stats.malformed += 1
             self._decode_errors.inc()
-            return []
-        keys = chain_packed(parent, packed, size, n * per)
+            return [], None
+        keys = chain_packed(seed, packed, size, n * per)
+        pos = chain_positions(keys, depth, anchor, seed)
         learn = self.map.learn
         if per == 1:
-            for engine_hash, key in zip(ev.hashes, keys, strict=True):
-                learn(engine_hash, key)
+            for i, (engine_hash, key) in enumerate(zip(ev.hashes, keys, strict=True)):
+                learn(engine_hash, key, depth + i, pos.anchors[i], pos.parents[i])
         else:
             for i, engine_hash in enumerate(ev.hashes):
-                learn(engine_hash, tuple(keys[i * per : (i + 1) * per]))
-        return keys
+                j = i * per
+                learn(
+                    engine_hash, tuple(keys[j : j + per]), depth + j, pos.anchors[j], pos.parents[j]
+                )
+        return keys, pos
 
-    def _parent_key(self, ev: EngineStored) -> int | None:
+    def _chain_start(self, ev: EngineStored) -> tuple[int, int, int] | None:
+        """(key the first block chains from, first block's depth, the parent's group
+        anchor), or None when the parent is unknown."""
         if ev.parent is None:
             salt = cache_salt_of(ev.extra_keys, ev.lora_name)
-            return self.keyer.root_for(ev.lora_name, salt)
-        key = self.map.last_key(ev.parent)
-        if key is None:  # parent evicted or learnt before we joined: cannot chain
+            return self.keyer.root_for(ev.lora_name, salt), 0, 0
+        found = self.map.entry(ev.parent)
+        if found is None:  # parent evicted or learnt before we joined: cannot chain
             self._unknown_hashes(len(ev.hashes))
-        return key
+            return None
+        key, depth, anchor = found.tail()
+        return key, depth + 1, anchor
 
-    def _resolve(self, hashes: list[Any]) -> list[int]:
+    def _resolve(self, hashes: list[Any]) -> tuple[list[int], Positions]:
         keys: list[int] = []
+        offsets: list[int] = []
+        anchors: list[int] = []
+        parents: list[int] = []
         unknown = 0
-        get = self.map.get
+        entry = self.map.entry
         for engine_hash in hashes:
-            found = get(engine_hash)
+            found = entry(engine_hash)
             if found is None:
                 unknown += 1
-            elif isinstance(found, int):
-                keys.append(found)
-            else:
-                keys.extend(found)
+                continue
+            pos = found.positions()
+            keys += found.key_list()
+            offsets += pos.offsets
+            anchors += pos.anchors
+            parents += pos.parents
         if unknown:
             self._unknown_hashes(unknown)
-        return keys
+        return keys, Positions(offsets, anchors, parents)
 
     def _unknown_hashes(self, n: int) -> None:
         self.stats.unknown_hashes += n
@@ -221,10 +236,20 @@ class EventTranslator:
 
 def _append_merged(ops: list[IndexOp], op: IndexOp) -> None:
     """Merge ``op`` into the previous op when both store (or remove) in the same tier."""
-    if ops:
+    if ops and not isinstance(op, Cleared):
         last = ops[-1]
-        same = type(last) is type(op) and not isinstance(op, Cleared)
-        if same and last.tier == op.tier and isinstance(last.keys, list):  # type: ignore[union-attr]
-            last.keys.extend(op.keys)  # type: ignore[union-attr]  # lists built by this module
+        if (
+            type(last) is type(op)
+            and last.tier == op.tier  # type: ignore[union-attr]
+            and isinstance(last.keys, list)  # type: ignore[union-attr]
+            and (last.pos is None) == (op.pos is None)  # type: ignore[union-attr]
+        ):
+            # lists built by this module, safe to extend in place
+            last.keys.extend(op.keys)  # type: ignore[union-attr]
+            if last.pos is not None and op.pos is not None:  # type: ignore[union-attr]
+                mine, theirs = last.pos, op.pos  # type: ignore[union-attr]
+                mine.offsets.extend(theirs.offsets)  # type: ignore[attr-defined]
+                mine.anchors.extend(theirs.anchors)  # type: ignore[attr-defined]
+                mine.parents.extend(theirs.parents)  # type: ignore[attr-defined]
             return
     ops.append(op)

@@ -196,8 +196,45 @@ async def test_lag_histogram_observes_now_minus_batch_ts():
 
 def test_engine_key_map_evicts_the_least_recently_used_hash():
     m = EngineKeyMap(capacity=2)
-    m.learn(1, 10)
-    m.learn(2, 20)
+    m.learn(1, 10, 0, 10, 10)
+    m.learn(2, 20, 0, 20, 20)
     assert m.get(1) == 10  # 1 is now the most recent
-    m.learn(3, 30)
+    m.learn(3, 30, 0, 30, 30)
     assert (m.get(2), m.get(1), m.get(3), len(m), m.evictions) == (None, 10, 30, 2, 1)
+
+
+async def test_ops_carry_chain_positions_across_events_and_hash_only_events():
+    """Depth, group anchor and parent follow the chain through parent hashes, so
+    removals and tokenless offloads can name the groups they touch."""
+    from kvindex.store import chain_positions
+
+    tokens = list(range(1000, 1160))  # 40 blocks: groups of 16 start at blocks 0, 16, 32
+    keys = KEYER.keys(tokens)
+    want = chain_positions(keys)
+    ing, store, _ = setup()
+    hashes = list(range(500, 540))
+    await ing.apply_payload(payload(stored(hashes[:10], None, tokens[:40])))
+    await ing.apply_payload(payload(stored(hashes[10:25], hashes[9], tokens[40:100])))
+    await ing.apply_payload(payload(stored(hashes[25:], hashes[24], tokens[100:])))
+    await ing.apply_payload(payload(removed([hashes[20], hashes[3]])))
+    await ing.apply_payload(payload(stored([hashes[33]], None, [], medium="CPU")))
+    ops = store.ops()
+    assert [op.keys for op in ops[:3]] == [keys[:10], keys[10:25], keys[25:]]
+    got = [
+        p
+        for op in ops[:3]
+        for p in zip(op.pos.offsets, op.pos.anchors, op.pos.parents, strict=True)
+    ]
+    assert got == list(zip(want.offsets, want.anchors, want.parents, strict=True))
+    assert got[20] == (4, keys[16], keys[19]) and got[33] == (1, keys[32], keys[32])
+    removal, offload = ops[3], ops[4]
+    assert removal.keys == [keys[20], keys[3]]
+    assert list(zip(removal.pos.offsets, removal.pos.anchors, strict=True)) == [
+        (4, keys[16]),
+        (3, keys[0]),
+    ]
+    assert (offload.tier, offload.keys, list(offload.pos.anchors)) == (
+        Tier.L1,
+        [keys[33]],
+        [keys[32]],
+    )
