@@ -1,37 +1,57 @@
 """``IndexStore`` in Redis, so many gateway replicas share one index.
 
-Layout: one string per block key, named ``{kvgate:<namespace>}:b:<key as 16 hex>``,
-holding short pod ids and tier bits (format in ``kvindex.redis_scripts``), plus
-a small hash ``{kvgate:<namespace>}:pods`` mapping pod ids back to names (one
-field per pod that wrote and was not dropped since; no TTL). Why one hash tag for
-the whole namespace: a lookup is one MGET over thousands of block keys and a
+Layout, all under one hash tag ``{kvgate:<namespace>}``:
+
+* ``:b:<key as 16 hex>``, one string per block key: short pod ids and tier bits
+  (format in ``kvindex.redis_scripts``). The truth: every op updates these.
+* ``:s:<key>``, one string per 16-block *group* of a chain, named by the group's
+  last block: the values of the group's 16 blocks, run-length encoded (a group
+  held alike throughout is one run), behind the summary epoch ``:epoch``. Chains
+  are cut into groups from the root, so block ``d`` belongs to group ``d // 16``;
+  ops say where each key sits (``kvindex.store.Positions``, from the event
+  translator's chain map).
+* ``:g:<first key of a group>``, a hash: the group's structure (each member's
+  parent, and which summaries include it), so that a write to any block rewrites
+  exactly the summaries that include it: a summary is always its blocks' values.
+* ``:pods``, a small hash mapping pod ids back to names (one field per pod that
+  wrote and was not dropped since; no TTL).
+
+Why one hash tag for the whole namespace: a lookup is an MGET over many keys and a
 write is one Lua script over hundreds, and Redis Cluster serves a multi-key
-command only when all its keys share a slot. The price is that one namespace
-(one model) lives on one shard; spread models over namespaces.
+command only when all its keys share a slot. The price is that one namespace (one
+model) lives on one shard; spread models over namespaces.
 
-Lookups (``match``, ``l2_writers``) are ONE round trip: ``TIME`` and an ``MGET``
-of every block key of the prompt, pipelined, with the request built as raw RESP
-bytes (``_lookup_command``) because redis-py's asyncio packer costs ~1 µs per
-argument. The prefix walk runs here over the reply (``redis_scripts.prefix_walk``)
-instead of in Lua: Redis does only what it does in C (parse, look up, copy out),
-and the walk touches each distinct value once. hiredis parses the reply (redis-py's
-pure-Python parser would take ~5 ms for 2048 values). Pod ids are turned back into
-names from a local cache filled by this replica's own writes; an id it has not
-seen costs one ``HMGET`` of the registry, once.
+Lookups (``match``, ``l2_writers``) read summaries instead of blocks: ``TIME``
+and one ``MGET`` of the epoch, the summaries of groups 1.. and the blocks of
+group 0 and of the last partial group (145 keys for a 32k-token prompt instead
+of 2048), pipelined. The walk (``redis_scripts.prefix_walk``) runs here over
+those values, each run standing for its blocks. A group without a summary is one
+the prompt's own chain was never stored through (it leaves what is cached inside
+that group, the usual case for a cached prefix followed by new tokens): if a
+chain reaches its start, its 16 blocks are read in a second round trip. Ops
+without positions (a resync from the local view, tests) make no summaries:
+lookups stay exact by reading blocks (after two such rounds, every remaining
+block at once), only slower. A removal without positions bumps the epoch, which
+retires every summary until rewritten. Requests are raw RESP built in C
+(``_resp_names``: redis-py's asyncio packer costs ~1 µs per argument); hiredis
+parses replies. Pod ids are turned back into names from a local cache filled by
+this replica's own writes; an id it has not seen costs one ``HMGET`` of the
+registry, then again at most every 10 s while the registry does not know it.
 
-Where a 2048-key lookup's time goes (2-core box, lightly loaded; ``INFO
-commandstats``, ``/proc/<pid>/schedstat``, ``time.process_time``): the old Lua
-walk took ~1.3 ms of Redis time; now MGET takes 0.26 ms (cache-warm) to 0.42 ms
-(16k hot keys), of which ~0.1 ms is the per-key TTL check, and Redis spends
-~0.13 ms more reading the ~90 KB request and writing the ~98 KB reply. The
-client spends ~0.1 ms building the request, ~0.3 ms in redis-py/asyncio sending
-it and parsing the reply, and ~0.08 ms in ``prefix_walk``.
+Why not one Lua script for the whole lookup (one round trip always): measured, a
+script costs Redis ~45 µs just to take a 32 KB argument (Redis hashes every Lua
+string in full) and 110-200 µs in all for 2048 keys, against ~20 µs for the
+summaries' MGET and 100-200 µs for a loopback round trip on this VM. Redis is
+the shared resource; the walk runs in the gateway replicas, which scale out.
 
-Open: issue 3 asks for a 32k-token (2048-key) lookup p99 <= 1 ms on loopback; on a
-shared 2-core box this layout gives p50 ~1.0-1.2 ms and p99 ~2.8-3.0 ms
-(``kvgate bench index``). Reading every block key is the floor; the next steps are a
-layout that reads fewer keys per lookup (e.g. per-chain checkpoint records written
-with each stored run) and a leaner client than redis-py for this one command.
+Measured (``kvgate bench index``, 2-core VM, lightly loaded), 32k-token prompts:
+a full hit (four pods, every tier, one pod's L0 ending mid-prompt) p50 ~0.35 ms,
+p99 0.6-0.8 ms; a cached 3/4 prefix then new blocks (two round trips) p50
+~0.55 ms, p99 0.9-1.0 ms. Reading every block key instead took p50 1.0-1.2 ms,
+p99 1.9-3.0 ms (MGET alone 0.26-0.64 ms of Redis time). Writes cost more (the
+script keeps the structure and rewrites summaries): 75-90k blocks/s applied,
+~40-45k blocks/s through the full event path; memory ~240 bytes per block with
+positions against ~150 without.
 
 Why it stays flat in memory: every write of a block refreshes a TTL
 (``key_ttl_s``, default 1 h), so blocks whose removal events were lost still go
@@ -41,8 +61,13 @@ as the hard bound; lookups read keys, so Redis's LRU keeps hot prefixes. Pick
 (vLLM emits ``BlockStored`` once per residency); a block that outlives its TTL
 simply stops attracting requests until it is stored again.
 
-``stats().keys`` is ``DBSIZE`` (block keys plus one registry hash per
-namespace): give the index its own Redis DB (``/1`` in the URL) or instance.
+``stats().keys`` is ``DBSIZE`` (block keys, summaries, group hashes and one
+registry hash per namespace): give the index its own Redis DB (``/1`` in the URL)
+or instance. Summaries expire with the first of their blocks; group hashes live
+``key_ttl_s`` after their last write. If ``maxmemory`` makes Redis evict keys,
+the index loses entries (lookups then understate holdings) and a summary whose
+group hash or blocks were evicted first can overstate them until it expires:
+size ``maxmemory`` so that TTLs, not eviction, keep the index flat.
 Per-pod counts are not tracked (that would cost a write per event);
 ``drop_pod`` and ``Cleared`` SCAN the namespace, which is fine for their rarity
 (pod ejection, engine restart).
@@ -58,6 +83,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import struct
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -68,14 +94,26 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 
-from kvindex.redis_scripts import APPLY, prefix_walk
-from kvindex.store import Cleared, IndexOp, IndexStats, Removed, Stored
+from kvindex.redis_scripts import APPLY, Walk, prefix_walk
+from kvindex.store import (
+    GROUP_BLOCKS,
+    Cleared,
+    IndexOp,
+    IndexStats,
+    Positions,
+    Removed,
+    Stored,
+    chain_positions,
+)
 from kvindex.types import PodPrefix, PrefixMatch, Tier
 
 _MAX_KEY = 1 << 64
 _KEYS_PER_CALL = 256  # bounds how long one apply script blocks lookups (~1 ms)
 _POD_ID_CACHE = 4096
+_UNKNOWN_ID_RETRY_S = 10.0
 _TIER_MASK = {Tier.L0: 1, Tier.L1: 2, Tier.L2: 4}
+_REFINE_ROUNDS = 2  # after these, read every remaining block (the exact fallback)
+_HEX = "0123456789abcdef"
 
 
 class RedisStore:
@@ -104,14 +142,20 @@ class RedisStore:
         self.namespace = namespace
         self.key_ttl_ms = max(1, int(key_ttl_s * 1000))
         self.capacity = max_keys
-        self.prefix = f"{{kvgate:{namespace}}}:b:"
+        self.root = f"{{kvgate:{namespace}}}:"
+        self.prefix = self.root + "b:"  # block keys
+        self.summary_prefix = self.root + "s:"  # group summaries, same name length
+        self.epoch_key = self.root + "epoch"
         self.name_len = len(self.prefix.encode()) + 16
-        self.registry = f"{{kvgate:{namespace}}}:pods"  # pod id -> pod name
+        self.registry = self.root + "pods"  # pod id -> pod name
         self._pod_ids: dict[str, str] = {}  # pod name -> id
         self._pod_names: dict[str, str] = {}  # id -> name, for names this replica registered
-        # RESP framing of a lookup, TIME then one MGET (see _lookup_command): every
-        # name is `$<len>` CRLF prefix hex CRLF, so names are joined by one separator
-        self._mget_sep = f"\r\n${self.name_len}\r\n{self.prefix}".encode()
+        self._unknown_ids: dict[str, float] = {}  # id -> when to ask the registry again
+        # RESP framing of lookups (see _resp_names): every name is `$<len>` CRLF
+        # prefix hex CRLF, so one kind's names are joined by one separator
+        self._block_sep = f"\r\n${self.name_len}\r\n{self.prefix}".encode()
+        self._summary_sep = f"\r\n${self.name_len}\r\n{self.summary_prefix}".encode()
+        self._epoch_arg = f"${len(self.epoch_key.encode())}\r\n{self.epoch_key}\r\n".encode()
         self.bad_keys = 0  # keys outside [0, 2^64), counted and skipped
         self.bad_ops = 0  # ops of an unknown type
         self._redis: Redis = Redis.from_url(
@@ -161,29 +205,92 @@ class RedisStore:
     # -- reads ----------------------------------------------------------------
 
     async def _walk(self, keys: Sequence[int]) -> tuple[int, dict[str, PodPrefix], dict[str, int]]:
-        """One round trip (TIME + MGET), then the walk in ``prefix_walk``; ids -> names."""
-        command = self._lookup_command(keys)
-        if command is None:
+        """Group summaries, then the blocks of groups without one that a chain reaches.
+
+        Round 1 reads ``TIME``, the summary epoch, the summaries of full groups
+        1.. and the blocks of group 0 and of the last, partial group. The walk
+        runs over those values (a summary's runs stand for its blocks, exactly).
+        A chain that reaches a group without a summary may end anywhere inside
+        it: that group's 16 blocks are read (one more round trip) and the walk
+        repeats. After ``_REFINE_ROUNDS`` such rounds every group still unknown
+        is read at once."""
+        packed = self._pack(keys)
+        n = len(packed) // 8
+        if not n:
             return 0, {}, {}
-        time_reply, values = await self._roundtrip(command, 2)
+        full = n // GROUP_BLOCKS
+        g0 = min(n, GROUP_BLOCKS)  # group 0's blocks are always read
+        tail = max(1, full) * GROUP_BLOCKS  # first block of the last, partial group
+        first = packed[: g0 * 8] + packed[tail * 8 :]
+        # the last key of groups 1 .. full-1, every 16th 8-byte key from the 32nd
+        ends = memoryview(packed).cast("Q")[2 * GROUP_BLOCKS - 1 :: GROUP_BLOCKS].tobytes()
+        head = b"*1\r\n$4\r\nTIME\r\n*%d\r\n$4\r\nMGET\r\n" % (2 + (len(ends) + len(first)) // 8)
+        command = b"".join(
+            (head, self._epoch_arg, self._resp_names(self._summary_sep, ends),
+             self._resp_names(self._block_sep, first))
+        )  # fmt: skip
+        time_reply, reply = await self._roundtrip(command, 2)
         now_ms = int(time_reply[0]) * 1000 + int(time_reply[1]) // 1000
-        walk = prefix_walk(values, now_ms)
+        epoch = (reply[0] or b"0") + b"#"
+        # runs[g]: group g's block values as (values, sizes), from its summary
+        # (None: absent or stale: its blocks may have to be read)
+        parsed: dict[bytes | None, tuple[list[bytes | None], list[int]] | None] = {None: None}
+        runs = [None] * full
+        for g, v in enumerate(reply[1:full], 1):
+            got = parsed.get(v, False)
+            if got is False:
+                got = parsed[v] = _runs(v, epoch)
+            runs[g] = got
+        blocks = reply[max(1, full) :]
+        head_values, tail_values = blocks[:g0], blocks[g0:]
+        refined: dict[int, list[bytes | None]] = {}  # group -> its blocks' values
+        extra = 0  # round trips after the first
+        while True:
+            values, sizes = list(head_values), [1] * g0
+            for g in range(1, full):
+                got = runs[g]
+                if got is not None:
+                    values += got[0]
+                    sizes += got[1]
+                elif g in refined:
+                    values += refined[g]
+                    sizes += [1] * GROUP_BLOCKS
+                else:
+                    values.append(None)  # unknown: the walk stops here, or reads it
+                    sizes.append(GROUP_BLOCKS)
+            values += tail_values
+            sizes += [1] * len(tail_values)
+            walk = prefix_walk(values, now_ms, sizes)
+            pending = sorted(
+                g
+                for g in _ends_at_group_starts(walk)
+                if 0 < g < full and runs[g] is None and g not in refined
+            )
+            if not pending:
+                break
+            extra += 1
+            if extra > _REFINE_ROUNDS:  # read every unknown group left at once
+                pending = [
+                    g for g in range(pending[0], full) if runs[g] is None and g not in refined
+                ]
+            span = GROUP_BLOCKS * 8
+            read = b"".join(packed[g * span : (g + 1) * span] for g in pending)
+            command = b"*%d\r\n$4\r\nMGET\r\n" % (1 + len(read) // 8)
+            command += self._resp_names(self._block_sep, read)
+            (reply,) = await self._roundtrip(command, 1)
+            for j, g in enumerate(pending):
+                refined[g] = reply[j * GROUP_BLOCKS : (j + 1) * GROUP_BLOCKS]
         names = await self._names_of([*walk.pods, *walk.writers])
         pods = {names[p]: PodPrefix(l0=a, l0_l1=b) for p, (a, b) in walk.pods.items()}
-        return walk.l2, pods, {names[w]: n for w, n in walk.writers.items()}
+        return walk.l2, pods, {names[w]: k for w, k in walk.writers.items()}
 
-    def _lookup_command(self, keys: Sequence[int]) -> bytes | None:
-        """``TIME`` and ``MGET <every block key name>`` as one RESP buffer, built in C.
-
-        redis-py's asyncio packer is pure Python (~1 µs per argument, so ~2 ms for
-        2048 names); here the hex of all keys is split by one ``bytes.replace``."""
-        packed = self._pack(keys)
+    @staticmethod
+    def _resp_names(sep: bytes, packed: bytes) -> bytes:
+        """RESP bulk strings of the names of ``packed`` keys, built in C: the hex of all
+        keys is split by one ``bytes.replace`` (redis-py's packer costs ~1 µs each)."""
         if not packed:
-            return None
-        n = len(packed) // 8
-        head = b"*1\r\n$4\r\nTIME\r\n*%d\r\n$4\r\nMGET" % (n + 1)
-        body = packed.hex(":", 8).encode().replace(b":", self._mget_sep)
-        return b"".join((head, self._mget_sep, body, b"\r\n"))
+            return b""
+        return b"".join((sep[2:], packed.hex(":", 8).encode().replace(b":", sep), b"\r\n"))
 
     async def _roundtrip(self, command: bytes, replies: int) -> list[Any]:
         """Send pre-packed commands on a pooled connection and read ``replies`` replies.
@@ -204,12 +311,19 @@ class RedisStore:
     async def _names_of(self, ids: list[str]) -> dict[str, str]:
         """Pod id -> name; ids this replica has not registered are read from the registry
         (one ``HMGET``, only the first time a replica meets a pod). Unknown ids stay raw."""
-        missing = [i for i in ids if i not in self._pod_names]
+        now = time.monotonic()
+        unknown = self._unknown_ids
+        missing = [i for i in ids if i not in self._pod_names and unknown.get(i, 0.0) <= now]
         if missing:
             found = await self._redis.hmget(self.registry, missing)
             for pid, name in zip(missing, found, strict=True):
                 if name is not None:
                     self._remember(pid, name.decode())
+                    unknown.pop(pid, None)
+                else:  # a dropped pod's L2 writes: ask again later, not on every lookup
+                    if len(unknown) >= _POD_ID_CACHE:
+                        unknown.clear()
+                    unknown[pid] = now + _UNKNOWN_ID_RETRY_S
         return {i: self._pod_names.get(i, i) for i in ids}
 
     def _remember(self, pid: str, name: str) -> None:
@@ -218,7 +332,7 @@ class RedisStore:
         self._pod_names[pid] = name
 
     async def match(self, keys: Sequence[int], block_size: int) -> PrefixMatch:
-        """One round trip; the walk stops at the first key nobody holds."""
+        """One round trip (two when a chain ends in a group without a summary)."""
         l2, pods, _ = await self._walk(keys)
         return PrefixMatch(total_blocks=len(keys), block_size=block_size, pods=pods, l2=l2)
 
@@ -246,7 +360,7 @@ class RedisStore:
         for op in ops:
             if isinstance(op, Stored | Removed):
                 code = ("S" if isinstance(op, Stored) else "R") + str(int(op.tier))
-                calls += self._calls(code, pod, op.keys, 0)
+                calls += self._calls(code, pod, op.keys, 0, op.pos)
             elif isinstance(op, Cleared):
                 await self._run(calls)  # keep event order: earlier ops land first
                 calls = []
@@ -259,20 +373,36 @@ class RedisStore:
         """Mark ``pod`` as holding ``keys`` in L0 for ``ttl_s`` unless confirmed sooner.
 
         Deadlines use the Redis server clock, so all replicas agree on expiry."""
-        await self._run(self._calls("P", pod, keys, max(1, int(ttl_s * 1000))))
+        ttl_ms = max(1, int(ttl_s * 1000))
+        await self._run(self._calls("P", pod, keys, ttl_ms, chain_positions(keys)))
 
-    def _calls(self, code: str, pod: str, keys: Sequence[int], extra: int) -> list[list[Any]]:
+    def _calls(
+        self, code: str, pod: str, keys: Sequence[int], extra: int, pos: Positions | None = None
+    ) -> list[list[Any]]:
         """APPLY script argument lists, ``_KEYS_PER_CALL`` keys each."""
         out = []
         pid = self.pod_id(pod)
         name = pod if code[0] in "SP" else ""  # writes (re)register the pod's name
         if name:
             self._remember(pid, name)
+        if pos is not None and len(pos) != len(keys):
+            pos = None
         for i in range(0, len(keys), _KEYS_PER_CALL):
-            names = self._names(keys[i : i + _KEYS_PER_CALL])
-            if names:
-                args = [code, pid, self.key_ttl_ms, names, self.name_len, extra, name]
-                out.append([*args, self.registry])
+            j = i + _KEYS_PER_CALL
+            chunk = keys[i:j]
+            names = self._names(chunk)
+            if not names:
+                continue
+            offsets = anchors = parents = ""
+            if pos is not None and len(names) == len(chunk) * self.name_len:
+                try:
+                    anchors = struct.pack(f">{len(chunk)}Q", *pos.anchors[i:j]).hex()
+                    parents = struct.pack(f">{len(chunk)}Q", *pos.parents[i:j]).hex()
+                    offsets = "".join(_HEX[o % GROUP_BLOCKS] for o in pos.offsets[i:j])
+                except struct.error:  # positions we cannot encode: write without them
+                    offsets = anchors = parents = ""
+            args = [code, pid, self.key_ttl_ms, names, self.name_len, extra, name]
+            out.append([*args, self.registry, offsets, anchors, parents, self.root])
         return out
 
     async def _run(self, calls: list[list[Any]]) -> None:
@@ -307,7 +437,7 @@ class RedisStore:
 
     async def _clear(self, pod: str, mask: int) -> None:
         """SCAN the namespace and clear ``pod``'s tiers in ``mask`` batch by batch."""
-        pattern = _glob_escape(self.prefix) + "*"
+        pattern = _glob_escape(self.root) + "[bs]:*"  # blocks and group summaries
         pid = self.pod_id(pod)
         cursor = 0
         while True:
@@ -315,7 +445,7 @@ class RedisStore:
             names = b"".join(n for n in found if len(n) == self.name_len)
             if names:
                 args = ["C", pid, self.key_ttl_ms, names, self.name_len, mask, ""]
-                await self._run([[*args, self.registry]])
+                await self._run([[*args, self.registry, "", "", "", self.root]])
             if cursor == 0:
                 return
 
@@ -334,3 +464,27 @@ async def _exchange(conn: AbstractConnection, command: bytes, replies: int) -> l
 
 def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def _runs(summary: bytes | None, epoch: bytes) -> tuple[list[bytes | None], list[int]] | None:
+    """A summary's block values (``"<n>*<value>/..."`` after the epoch) as (values,
+    sizes) for ``prefix_walk``; None if it is absent, from an older epoch, or does
+    not describe exactly one group (then the group's blocks are read instead)."""
+    if summary is None or not summary.startswith(epoch):
+        return None
+    values: list[bytes | None] = []
+    sizes: list[int] = []
+    for run in summary[len(epoch) :].split(b"/"):
+        count, _, value = run.partition(b"*")
+        if not count.isdigit():
+            return None
+        values.append(value or None)
+        sizes.append(int(count))
+    return (values, sizes) if sum(sizes) == GROUP_BLOCKS else None
+
+
+def _ends_at_group_starts(walk: Walk) -> set[int]:
+    """Groups at whose first block some chain ends: if the group had no summary, the
+    chain may end anywhere inside it, so its blocks must be read."""
+    stops = {walk.l2, *(end for pair in walk.pods.values() for end in pair)}
+    return {e // GROUP_BLOCKS for e in stops if e % GROUP_BLOCKS == 0}

@@ -10,7 +10,7 @@ import pytest
 from redis.crc import key_slot
 
 from kvindex.redis_store import RedisStore
-from kvindex.store import Removed, Stored
+from kvindex.store import Cleared, Positions, Removed, Stored, chain_positions
 from kvindex.types import PodPrefix, Tier
 from tests.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
 
@@ -81,21 +81,77 @@ async def test_replicas_with_the_same_namespace_share_one_index(
         await other_model.close()
 
 
-async def test_lookup_of_2048_keys_is_one_time_and_one_mget(store: RedisStore) -> None:
-    await store.apply("a", [Stored(Tier.L0, K)])
+async def _reads(store: RedisStore, keys: list[int]) -> tuple[dict[str, int], int]:
+    """Commands per name and keys read (hits + misses) by one ``match``."""
     await store.client.config_resetstat()
-
-    m = await store.match(K, 16)
-
+    await store.match(keys, 16)
     stats = await store.client.info("commandstats")
-    assert m.pods == {"a": PodPrefix(2048, 2048)}
-    # one pipelined round trip: the server clock and every block key in one MGET;
-    # no script, and no registry read (this replica registered "a" itself)
-    assert {name: s["calls"] for name, s in stats.items()} == {
-        "cmdstat_time": 1,
-        "cmdstat_mget": 1,
-        "cmdstat_config|resetstat": 1,
-    }
+    info = await store.client.info("stats")
+    calls = {name: s["calls"] for name, s in stats.items() if name != "cmdstat_config|resetstat"}
+    return calls, info["keyspace_hits"] + info["keyspace_misses"]
+
+
+async def test_lookup_of_2048_chained_keys_reads_group_summaries_in_one_round_trip(
+    store: RedisStore,
+) -> None:
+    await store.apply("a", [Stored(Tier.L0, K, chain_positions(K))])
+
+    calls, reads = await _reads(store, K)
+
+    assert (await store.match(K, 16)).pods == {"a": PodPrefix(2048, 2048)}
+    # one pipelined round trip, no script, no registry read (this replica registered
+    # "a"): the server clock, and one MGET of the summary epoch, the summaries of
+    # groups 1..127 and the 16 blocks of group 0
+    assert calls == {"cmdstat_time": 1, "cmdstat_mget": 1}
+    assert reads == 1 + 127 + 16
+
+
+async def test_a_chain_ending_inside_a_summarized_group_needs_no_second_round_trip(
+    store: RedisStore,
+) -> None:
+    await store.apply("a", [Stored(Tier.L0, K, chain_positions(K))])
+    await store.apply("b", [Stored(Tier.L0, K[:1000], chain_positions(K[:1000]))])
+
+    calls, reads = await _reads(store, K)
+
+    # group 62's summary holds its blocks' values: b's chain ends at block 1000
+    want = {"a": PodPrefix(2048, 2048), "b": PodPrefix(1000, 1000)}
+    assert (await store.match(K, 16)).pods == want
+    assert calls == {"cmdstat_time": 1, "cmdstat_mget": 1}
+    assert reads == 1 + 127 + 16
+
+
+async def test_a_prompt_that_leaves_the_stored_chain_mid_group_reads_that_group(
+    store: RedisStore,
+) -> None:
+    await store.apply("a", [Stored(Tier.L0, K[:1000], chain_positions(K[:1000]))])
+
+    calls, reads = await _reads(store, K)  # blocks 1000.. were never stored: no summary
+
+    assert (await store.match(K, 16)).pods == {"a": PodPrefix(1000, 1000)}
+    assert calls == {"cmdstat_time": 1, "cmdstat_mget": 2}
+    assert reads == 1 + 127 + 16 + 16  # + the blocks of group 62
+
+
+async def test_without_positions_lookups_stay_exact_by_reading_the_blocks(
+    store: RedisStore,
+) -> None:
+    await store.apply("a", [Stored(Tier.L0, K)])  # no positions: no summaries
+
+    calls, reads = await _reads(store, K)
+
+    assert (await store.match(K, 16)).pods == {"a": PodPrefix(2048, 2048)}
+    # round 1, then group 1, group 2, then every block left
+    assert calls == {"cmdstat_time": 1, "cmdstat_mget": 4}
+    assert reads == 1 + 127 + 16 + 16 + 16 + 2048 - 3 * 16
+
+
+async def test_a_removal_of_unknown_position_retires_every_summary(store: RedisStore) -> None:
+    await store.apply("a", [Stored(Tier.L0, K, chain_positions(K))])
+    await store.apply("a", [Removed(Tier.L0, [K[700]])])  # no positions: which group?
+
+    assert (await store.match(K, 16)).pods == {"a": PodPrefix(700, 700)}
+    assert await store.client.get(store.epoch_key) == b"1"
 
 
 async def test_keys_out_of_range_are_counted_and_skipped(store: RedisStore) -> None:
@@ -151,3 +207,25 @@ async def test_stats_report_the_dedicated_db_size(redis_server: RedisServer) -> 
         assert (stats.backend, stats.keys, stats.capacity) == ("redis", 4, 1000)
     finally:
         await store.close()
+
+
+async def test_drop_pod_and_cleared_reach_the_group_summaries(store: RedisStore) -> None:
+    pos = chain_positions(K)
+    await store.apply("a", [Stored(Tier.L0, K, pos), Stored(Tier.L2, K[16:], _tail(pos, 16))])
+    await store.apply("b", [Stored(Tier.L0, K, pos), Stored(Tier.L1, K, pos)])
+    await store.apply("b", [Stored(Tier.L2, K[:16], _tail(pos, 0, 16))])
+
+    await store.drop_pod("b")  # its L0/L1 go, the L2 it wrote stays
+    m = await store.match(K, 16)
+    assert (m.pods, m.l2) == ({"a": PodPrefix(2048, 2048)}, 2048)
+
+    # a's L2 writes go: the chain ends where b's (group 0) end, though group 0's
+    # blocks, read directly, say nothing about the groups after it
+    await store.apply("a", [Cleared((Tier.L2,))])
+    assert (await store.match(K, 16)).l2 == 16
+    _, reads = await _reads(store, K)
+    assert reads == 1 + 127 + 16  # still served from the summaries
+
+
+def _tail(pos: Positions, start: int, end: int | None = None) -> Positions:
+    return Positions(pos.offsets[start:end], pos.anchors[start:end], pos.parents[start:end])

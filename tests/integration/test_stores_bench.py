@@ -36,14 +36,16 @@ async def test_bench_reports_one_row_per_prompt_size(factory) -> None:
     assert [(r.prompt_tokens, r.blocks, r.lookups) for r in rows] == [(256, 16, 20), (1024, 64, 20)]
     assert all(r.ingest_blocks_per_s > 0 for r in rows)
     assert all(0 < r.lookup_p50_us <= r.lookup_p99_us for r in rows)
+    assert all(0 < r.partial_p50_us <= r.partial_p99_us for r in rows)
 
 
 def test_bench_table_prints_every_row() -> None:
-    row = IndexBenchRow("memory", 32768, 2048, 400_000.0, 300, 512.4, 900.0, 600.0)
+    row = IndexBenchRow("memory", 32768, 2048, 400_000.0, 300, 512.4, 900.0, 600.0, 300.0, 700.0)
     out = io.StringIO()
 
     print_index_bench([row], Console(file=out, width=160))
 
     assert (
-        "│ memory  │ 32,768 │  2,048 │         400k │    512 │    900 │     600 │" in out.getvalue()
+        "│ memory  │ 32,768 │  2,048 │         400k │    512 │    900 │     600 │            300 │"
+        in out.getvalue()
     )
