@@ -74,6 +74,7 @@ def create_app(settings: Settings) -> FastAPI:
             app.state.gw = Gateway(
                 settings, registry, router, proxy, metrics, prometheus, client, kv
             )
+            await kv.warm_up(m for m in settings.models if router.uses_index(m))
             await registry.start()
             discovery = None
             if settings.discovery.enabled:  # pods come and go with Kubernetes readiness

@@ -8,8 +8,10 @@ asks ``lookup`` for a request's token ids, keys and ``PrefixMatch``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +31,7 @@ from kvindex.metrics import IndexMetrics
 from kvindex.store import IndexStore
 from kvindex.tokenization.engine import EngineTokenizer
 from kvindex.tokenization.front import Tokenization
-from kvindex.tokenization.local import LocalTokenizer
+from kvindex.tokenization.local import LocalTokenizer, UnsupportedPrompt
 from kvindex.types import PrefixMatch
 
 log = logging.getLogger("kvgate.kv")
@@ -114,6 +116,26 @@ class KvIndex:
             )
             tok = self._tokenizers[model] = Tokenization(model, mode=mode, local=local)
         return tok
+
+    async def warm_up(self, models: Iterable[str]) -> None:
+        """Load these models' local tokenizers, and compile their chat templates, in a
+        worker thread before the gateway serves: done on the first request, the
+        transformers import and load (~1-2 s) would stall the event loop, and every
+        request in flight with it. A tokenizer that fails is logged; requests then
+        fall back as ``tokenization`` decides."""
+        for model in models:
+            try:
+                await asyncio.to_thread(self._warm_tokenizer, model)
+            except Exception as exc:  # noqa: BLE001  (a bad tokenizer must not stop start-up)
+                log.warning("tokenizer for %s did not load: %r", model, exc)
+
+    def _warm_tokenizer(self, model: str) -> None:
+        local = self.tokenization(model).local
+        if local is None:
+            return
+        local.encode("warm up", add_special_tokens=False)
+        with contextlib.suppress(UnsupportedPrompt):  # a model without a chat template
+            local.render_chat([{"role": "user", "content": "warm up"}])
 
     def _engine_for(self, pod: Pod) -> EngineTokenizer:
         eng = self._engines.get(pod.name)

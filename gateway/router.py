@@ -54,6 +54,10 @@ class Router:
     def strategy_for(self, model: str) -> Strategy:
         return self._per_model.get(model, self._default)
 
+    def uses_index(self, model: str) -> bool:
+        """Whether requests for ``model`` are tokenized and looked up in the index."""
+        return bool(getattr(self.strategy_for(model), "uses_index", False))
+
     async def prepare(
         self,
         parsed: ParsedRequest,
