@@ -6,9 +6,13 @@ load near round-robin's saturation, plus the peer routers (sglang-router and
 vllm-router, installed on first use; ``--no-peers`` skips them) on the L0 tier. It
 prints the headline table, kv-aware against each peer, and where the report went.
 
-Time on 2 cores: a cell is ~35 s of load (400 requests at 12 qps) plus ~6 s to start
-pods and router, so the 8 kvgate cells take ~5.5 min and the peers ~3 min more
-(plus their one-time install). Peers run on L0 only, at the same 400 requests (so
+Time on 2 cores: a cell is ~25 s of load (300 requests at 12 qps) plus ~8 s to start
+pods and router, so the 8 kvgate cells take ~4.5 min and the peers ~2 min more
+(plus their one-time install). 300 requests, not the docs preset's 400: in simulated
+time (``kvgate bench des --preset quick --seeds 0,...,7``) kv-aware's L0 p90 over 8
+seeds stayed within 73-242 ms (RAG) and 80-282 ms (prefix) against round-robin's
+1,115-1,568 and 2,736-6,136 ms, so the ratio the README promises does not hinge on
+the seed. Peers run on L0 only, at the same 300 requests (so
 their p90 is comparable with kv-aware's): with only L0 the router alone decides what
 gets recomputed. With L2 on, every router's misses become cheap L2 loads: in
 docs/BENCHMARKS.md all six routers' L0+L1+L2 p90s lay within 87-171 ms (91-5,870 ms
@@ -65,7 +69,7 @@ class Preset:
 
 PRESETS = {
     # Round-robin and kv-aware, and the peers on L0: the comparison the README promises.
-    "quick": Preset(peers=("sglang-router", "vllm-router"), peer_tiers=("L0",)),
+    "quick": Preset(peers=("sglang-router", "vllm-router"), peer_tiers=("L0",), requests=300),
     # docs/BENCHMARKS.md: every strategy (peers are added with --peer).
     "docs": Preset(routers=tuple(STRATEGIES)),
     "tiny": Preset(pods=2, workloads=("rag",), tiers=("L0",), loads=("poisson:8",), requests=20),
