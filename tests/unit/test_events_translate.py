@@ -238,3 +238,26 @@ async def test_ops_carry_chain_positions_across_events_and_hash_only_events():
         [keys[33]],
         [keys[32]],
     )
+
+
+async def test_positions_of_engine_blocks_spanning_several_router_blocks():
+    """LMCache-style chunks: one engine hash stands for 2 router blocks; a removal of
+    it names both, with the offsets and anchors of each."""
+    from kvindex.store import chain_positions
+
+    tokens = list(range(2000, 2160))  # 40 router blocks of 4 = 20 engine blocks of 8
+    keys = KEYER.keys(tokens)
+    want = chain_positions(keys)
+    ing, store, _ = setup()
+    hashes = list(range(700, 720))
+    await ing.apply_payload(payload(stored(hashes[:9], None, tokens[:72], block_size=8)))
+    await ing.apply_payload(payload(stored(hashes[9:], hashes[8], tokens[72:], block_size=8)))
+    await ing.apply_payload(payload(removed([hashes[10]])))
+    first, second, removal = store.ops()
+    assert first.keys + second.keys == keys
+    got = [*first.pos.anchors, *second.pos.anchors]
+    assert got == list(want.anchors)
+    assert removal.keys == keys[20:22]
+    assert list(removal.pos.offsets) == [4, 5]
+    assert list(removal.pos.anchors) == [keys[16], keys[16]]
+    assert list(removal.pos.parents) == [keys[19], keys[20]]
