@@ -36,7 +36,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from kvindex.store import IndexStore, Positions, Stored, chain_positions
+from kvindex.store import IndexStore, Stored, chain_positions
 from kvindex.types import Tier
 
 StoreFactory = Callable[[], IndexStore | Awaitable[IndexStore]]
@@ -60,16 +60,12 @@ def _prompt(rng: random.Random, blocks: int) -> list[int]:
     return [rng.getrandbits(64) for _ in range(blocks)]
 
 
-def _slice(pos: Positions, i: int, j: int) -> Positions:
-    return Positions(pos.offsets[i:j], pos.anchors[i:j], pos.parents[i:j])
-
-
 def _batches(keys: list[int], op_blocks: int, batch_blocks: int) -> list[list[Stored]]:
     """Split one prompt's stored blocks into event batches of BlockStored-like ops
     (with chain positions, as the event translator emits them)."""
     pos = chain_positions(keys)
     ops = [
-        Stored(Tier.L0, keys[i : i + op_blocks], _slice(pos, i, i + op_blocks))
+        Stored(Tier.L0, keys[i : i + op_blocks], pos.slice(i, i + op_blocks))
         for i in range(0, len(keys), op_blocks)
     ]
     per_batch = max(1, batch_blocks // op_blocks)
@@ -103,7 +99,7 @@ async def _populate(store: IndexStore, prompts: Sequence[list[int]]) -> None:
     for keys in prompts:
         pos = chain_positions(keys)
         n = len(keys) // 2
-        half = Stored(Tier.L0, keys[:n], _slice(pos, 0, n))
+        half = Stored(Tier.L0, keys[:n], pos.slice(0, n))
         await store.apply("pod-0", [Stored(Tier.L0, keys, pos)])
         await store.apply("pod-1", [half, Stored(Tier.L1, keys, pos)])
         await store.apply("pod-2", [Stored(Tier.L1, keys, pos)])

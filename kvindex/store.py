@@ -34,6 +34,10 @@ class Positions:
     def __len__(self) -> int:
         return len(self.offsets)
 
+    def slice(self, start: int, end: int | None = None) -> Positions:
+        """The positions of ``keys[start:end]``."""
+        return Positions(self.offsets[start:end], self.anchors[start:end], self.parents[start:end])
+
 
 def chain_positions(
     keys: Sequence[int], depth: int = 0, anchor: int = 0, parent: int = 0

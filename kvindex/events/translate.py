@@ -242,14 +242,14 @@ def _append_merged(ops: list[IndexOp], op: IndexOp) -> None:
             type(last) is type(op)
             and last.tier == op.tier  # type: ignore[union-attr]
             and isinstance(last.keys, list)  # type: ignore[union-attr]
-            and (last.pos is None) == (op.pos is None)  # type: ignore[union-attr]
+            and last.pos is not None  # type: ignore[union-attr]
+            and op.pos is not None  # type: ignore[union-attr]
         ):
-            # lists built by this module, safe to extend in place
+            # keys and positions are lists built by this module: extend them in place
             last.keys.extend(op.keys)  # type: ignore[union-attr]
-            if last.pos is not None and op.pos is not None:  # type: ignore[union-attr]
-                mine, theirs = last.pos, op.pos  # type: ignore[union-attr]
-                mine.offsets.extend(theirs.offsets)  # type: ignore[attr-defined]
-                mine.anchors.extend(theirs.anchors)  # type: ignore[attr-defined]
-                mine.parents.extend(theirs.parents)  # type: ignore[attr-defined]
+            mine, theirs = last.pos, op.pos  # type: ignore[union-attr]
+            mine.offsets.extend(theirs.offsets)  # type: ignore[attr-defined]
+            mine.anchors.extend(theirs.anchors)  # type: ignore[attr-defined]
+            mine.parents.extend(theirs.parents)  # type: ignore[attr-defined]
             return
     ops.append(op)

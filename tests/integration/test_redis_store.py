@@ -10,7 +10,7 @@ import pytest
 from redis.crc import key_slot
 
 from kvindex.redis_store import RedisStore
-from kvindex.store import Cleared, Positions, Removed, Stored, chain_positions
+from kvindex.store import Cleared, Removed, Stored, chain_positions
 from kvindex.types import PodPrefix, Tier
 from tests.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
 
@@ -211,9 +211,9 @@ async def test_stats_report_the_dedicated_db_size(redis_server: RedisServer) -> 
 
 async def test_drop_pod_and_cleared_reach_the_group_summaries(store: RedisStore) -> None:
     pos = chain_positions(K)
-    await store.apply("a", [Stored(Tier.L0, K, pos), Stored(Tier.L2, K[16:], _tail(pos, 16))])
+    await store.apply("a", [Stored(Tier.L0, K, pos), Stored(Tier.L2, K[16:], pos.slice(16))])
     await store.apply("b", [Stored(Tier.L0, K, pos), Stored(Tier.L1, K, pos)])
-    await store.apply("b", [Stored(Tier.L2, K[:16], _tail(pos, 0, 16))])
+    await store.apply("b", [Stored(Tier.L2, K[:16], pos.slice(0, 16))])
 
     await store.drop_pod("b")  # its L0/L1 go, the L2 it wrote stays
     m = await store.match(K, 16)
@@ -225,7 +225,3 @@ async def test_drop_pod_and_cleared_reach_the_group_summaries(store: RedisStore)
     assert (await store.match(K, 16)).l2 == 16
     _, reads = await _reads(store, K)
     assert reads == 1 + 127 + 16  # still served from the summaries
-
-
-def _tail(pos: Positions, start: int, end: int | None = None) -> Positions:
-    return Positions(pos.offsets[start:end], pos.anchors[start:end], pos.parents[start:end])
