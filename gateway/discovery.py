@@ -31,8 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from gateway.config import DiscoverySettings, PodConfig
 
 if TYPE_CHECKING:
-    from gateway.kv import KvIndex
-    from gateway.registry import PodRegistry
+    from gateway.pods import PodRegistry
 
 log = logging.getLogger("kvgate.discovery")
 
@@ -276,11 +275,10 @@ class PodDiscovery:
 
 
 class RegistrySink:
-    """Discovery applied to a gateway: registry membership and the KV index's pod state."""
+    """Discovery applied to a gateway's pod registry (whose listeners tell the KV index)."""
 
-    def __init__(self, registry: PodRegistry, kv: KvIndex) -> None:
+    def __init__(self, registry: PodRegistry) -> None:
         self._registry = registry
-        self._kv = kv
 
     async def upsert(self, cfg: PodConfig) -> None:
         old = self._registry.get(cfg.name)
@@ -293,7 +291,6 @@ class RegistrySink:
 
     async def remove(self, name: str) -> None:
         await self._registry.remove(name)
-        await self._kv.pod_removed(name)
 
 
 async def _api_client(kubeconfig: str | None) -> Any:

@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -20,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from gateway.config import ModelSettings, Settings
 from gateway.openai_body import ParsedRequest
-from gateway.registry import Pod
+from gateway.pods import Pod
 from kvindex.events.http_ingest import decode_http_events
 from kvindex.events.ingest import PodIngestor
 from kvindex.events.subscriber import KVEventSubscriber
@@ -32,20 +31,15 @@ from kvindex.store import IndexStore
 from kvindex.tokenization.engine import EngineTokenizer
 from kvindex.tokenization.front import Tokenization
 from kvindex.tokenization.local import LocalTokenizer, UnsupportedPrompt
-from kvindex.types import PrefixMatch
+from routing.core import IndexAnswer
 
 log = logging.getLogger("kvgate.kv")
 
 
-@dataclass(frozen=True, slots=True)
-class Lookup:
-    """A request seen through the index: its tokens, block keys and who holds them."""
-
-    model: str
-    token_ids: list[int]
-    keys: list[int]
-    match: PrefixMatch
-    cache_salt: str | None = None
+# Speculative writes to a shared index (Redis) run in the background; beyond this many
+# pending, new ones are dropped (the local view still has them): a slow Redis must not
+# grow a task per request without bound.
+MAX_PENDING_SPECULATIONS = 1024
 
 
 def build_store(settings: Settings, prometheus: CollectorRegistry) -> IndexStore:
@@ -85,6 +79,8 @@ class KvIndex:
         self._subscribers: dict[str, KVEventSubscriber] = {}
         self._http_ingestors: dict[str, PodIngestor] = {}
         self._rotation = 0
+        self._pending: set[asyncio.Task[None]] = set()
+        self.speculations_dropped = 0
 
     # -- per-model pieces --
 
@@ -147,21 +143,23 @@ class KvIndex:
 
     # -- requests --
 
-    async def lookup(self, parsed: ParsedRequest, model: str, pods: list[Pod]) -> Lookup | None:
+    async def lookup(
+        self, parsed: ParsedRequest, model: str, pods: list[Pod]
+    ) -> IndexAnswer | None:
         """Tokenize like the engine, key the blocks, ask the store. None if not possible."""
+        salt = parsed.body.get("cache_salt")
+        salt = salt if isinstance(salt, str) and salt else None
         try:
             token_ids = await self._tokens(parsed, model, pods)
-        except Exception as exc:  # any tokenizer failure degrades to load-only routing
+            if token_ids is None:
+                return None
+            keys = self.keyer(model).keys_for(token_ids, None, salt)
+        except Exception as exc:  # any tokenizer or keying failure: load-only routing
             self._tokenize_failures.labels(model).inc()
             log.debug("tokenization failed for %s: %r", model, exc)
             return None
-        if token_ids is None:
-            return None
-        salt = parsed.body.get("cache_salt")
-        salt = salt if isinstance(salt, str) and salt else None
-        keys = self.keyer(model).keys_for(token_ids, None, salt)
         match = await self.store.match(keys, self.block_size(model))
-        return Lookup(model, token_ids, keys, match, salt)
+        return IndexAnswer(len(token_ids), keys, match)
 
     async def _tokens(self, parsed: ParsedRequest, model: str, pods: list[Pod]) -> list[int] | None:
         tok = self.tokenization(model)
@@ -189,9 +187,21 @@ class KvIndex:
             return await tok.completion(prompt, add_special_tokens=add_special, engine=engine)
         return None  # batched prompts are not routed by cache
 
-    async def speculate(self, pod: str, keys: list[int]) -> None:
-        if keys:
-            await self.store.speculate(pod, keys, self._s.index.speculative_ttl_s)
+    def speculate(self, pod: str, keys: Sequence[int]) -> None:
+        """The routing core's speculation: recorded in the local view before the next
+        request is routed; a shared store's write follows in the background."""
+        pending = self.store.speculate_nowait(pod, keys, self._s.index.speculative_ttl_s)
+        if pending is not None:
+            self._background(pending)
+
+    def _background(self, coro: Coroutine[Any, Any, None]) -> None:
+        if len(self._pending) >= MAX_PENDING_SPECULATIONS:
+            coro.close()
+            self.speculations_dropped += 1
+            return
+        task = asyncio.get_running_loop().create_task(coro)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
 
     # -- pods and events --
 
@@ -255,6 +265,8 @@ class KvIndex:
         return {name: sub.stats for name, sub in self._subscribers.items()}
 
     async def close(self) -> None:
+        for task in list(self._pending):
+            task.cancel()
         for sub in self._subscribers.values():
             await sub.stop()
         self._subscribers.clear()

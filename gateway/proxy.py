@@ -28,13 +28,12 @@ from starlette.responses import Response, StreamingResponse
 
 from gateway.config import Settings
 from gateway.errors import GatewayError, sse_error_event
-from gateway.kv import KvIndex
 from gateway.metrics import GatewayMetrics
 from gateway.openai_body import Kind, ParsedRequest, parse_body
-from gateway.registry import Pod, PodRegistry
+from gateway.pods import Pod, PodRegistry
 from gateway.router import Router
-from routing.load import InFlight, LoadTracker
-from routing.types import Decision, Outcome, RouteRequest
+from routing.core import Routed
+from routing.types import Outcome
 
 log = logging.getLogger("kvgate.proxy")
 
@@ -54,14 +53,15 @@ class _Attempt:
     """Everything the finishing code needs about one dispatched request."""
 
     pod: Pod
-    decision: Decision
-    req: RouteRequest
-    inflight: InFlight
+    routed: Routed  # the routing core's record: decision, strategy, held load
     arrived: float
-    strategy: str
     model: str
     ttft_s: float | None = None
     recorded: bool = False
+
+    @property
+    def strategy(self) -> str:
+        return self.routed.strategy.name
 
 
 class _GuardedStream(StreamingResponse):
@@ -90,16 +90,12 @@ class Proxy:
         client: httpx.AsyncClient,
         registry: PodRegistry,
         router: Router,
-        load: LoadTracker,
         metrics: GatewayMetrics,
-        kv: KvIndex | None = None,
     ) -> None:
-        self._kv = kv
         self._s = settings
         self._client = client
         self._registry = registry
         self._router = router
-        self._load = load
         self._metrics = metrics
         t = settings.timeouts
         self._timeout = httpx.Timeout(
@@ -109,12 +105,12 @@ class Proxy:
     # -- entry point --
 
     async def handle(self, request: Request, kind: Kind) -> Response:
+        """Answer one OpenAI request (the caller has checked the client's credentials)."""
         arrived = time.perf_counter()
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
         headers = {"x-request-id": request_id}
         model = ""
         try:
-            self.check_auth(request)
             raw = await read_limited(request, self._s.max_body_bytes)
             parsed = parse_body(raw, kind)
             model = self._resolve_model(parsed)
@@ -123,16 +119,6 @@ class Proxy:
             strategy = self._router.strategy_for(model).name if model else ""
             self._metrics.requests.labels(model, "", strategy, str(err.status)).inc()
             return err.response(headers)
-
-    def check_auth(self, request: Request) -> None:
-        if not self._s.api_keys:
-            return
-        auth = request.headers.get("authorization", "")
-        scheme, _, token = auth.partition(" ")
-        if scheme.lower() != "bearer" or token.strip() not in self._s.api_keys:
-            raise GatewayError(
-                401, "missing or invalid API key for this gateway", code="invalid_api_key"
-            )
 
     def _resolve_model(self, parsed: ParsedRequest) -> str:
         known = self._registry.known_models()
@@ -156,8 +142,7 @@ class Proxy:
     async def _dispatch(
         self, request: Request, parsed: ParsedRequest, model: str, request_id: str, arrived: float
     ) -> Response:
-        strategy = self._router.strategy_for(model).name
-        req, lookup = await self._router.prepare(
+        req, answer = await self._router.prepare(
             parsed, model, request_id, request.headers, self._registry.healthy_for(model)
         )
         tried: set[str] = set()
@@ -167,16 +152,10 @@ class Proxy:
             candidates = [p for p in self._registry.healthy_for(model) if p.name not in tried]
             if not candidates:
                 break
-            decision = self._router.choose(req, candidates, lookup.match if lookup else None)
-            pod = self._registry.get(decision.pod) or candidates[0]
-            if lookup is not None and decision.speculate_blocks and self._kv is not None:
-                await self._kv.speculate(pod.name, lookup.keys[: decision.speculate_blocks])
+            routed = self._router.route(req, candidates, answer)
+            pod = next(p for p in candidates if p.name == routed.pod)
             tried.add(pod.name)
-            prefill = max(0, req.prompt_tokens - decision.predicted_cached_tokens)
-            attempt = _Attempt(
-                pod, decision, req, self._load.start(pod.name, prefill), arrived, strategy, model
-            )
-            self._metrics.in_flight.labels(pod.name).inc()
+            attempt = _Attempt(pod, routed, arrived, model)
             handed_off = False
             try:
                 response = await self._attempt(request, parsed, attempt, request_id)
@@ -191,7 +170,7 @@ class Proxy:
                 backoff *= 2
             finally:
                 if not handed_off:
-                    self._finish(attempt)
+                    self._router.finish(routed, None)  # no-op once recorded
         if last_error is not None:
             raise last_error
         raise GatewayError(503, f"no healthy pod serves model '{model}'", code="no_healthy_pod")
@@ -223,7 +202,7 @@ class Proxy:
                 GatewayError(502, f"pod '{a.pod.name}' failed: {exc!r}"), "dropped"
             ) from None
         a.ttft_s = time.perf_counter() - a.arrived
-        a.inflight.first_token()
+        self._router.first_token(a.routed)
         return _GuardedStream(
             self._relay(first, it, upstream, a),
             on_close=lambda: self._abandon(upstream, a),
@@ -269,7 +248,7 @@ class Proxy:
         headers["x-request-id"] = request_id
         headers["x-kvgate-pod"] = a.pod.name
         headers["x-kvgate-strategy"] = a.strategy
-        d = a.decision
+        d = a.routed.decision
         if d.predicted_ttft_s is not None:
             headers["x-kvgate-predicted-ttft-ms"] = f"{d.predicted_ttft_s * 1000:.1f}"
             headers["x-kvgate-predicted-cached-tokens"] = str(d.predicted_cached_tokens)
@@ -334,27 +313,19 @@ class Proxy:
             else:
                 await self._registry.request_failed(a.pod)
                 self._record(a, status, None)
-            self._finish(a)
 
     async def _abandon(self, upstream: httpx.Response, a: _Attempt) -> None:
         """The client went away (or the stream ended): close upstream, release load."""
         await upstream.aclose()
-        if not a.recorded:
-            self._record(a, 499, None)  # nginx's "client closed request"
-        self._finish(a)
+        self._record(a, 499, None)  # nginx's "client closed request"; no-op once recorded
 
     # -- accounting --
 
     def _remaining(self, a: _Attempt) -> float:
         return max(0.001, a.arrived + self._s.timeouts.total_s - time.perf_counter())
 
-    def _finish(self, a: _Attempt) -> None:
-        if a.inflight.finished:
-            return
-        a.inflight.finish()
-        self._metrics.in_flight.labels(a.pod.name).dec()
-
     def _record(self, a: _Attempt, status: int, usage: dict[str, object] | None) -> None:
+        """Metrics of the finished request; releases its load and lets the strategy learn."""
         if a.recorded:
             return
         a.recorded = True
@@ -363,7 +334,7 @@ class Proxy:
         m.latency.labels(a.model, a.pod.name, a.strategy).observe(time.perf_counter() - a.arrived)
         if a.ttft_s is not None:
             m.ttft.labels(a.model, a.pod.name, a.strategy).observe(a.ttft_s)
-        d = a.decision
+        d = a.routed.decision
         if d.predicted_ttft_s is not None:
             for tier, n in (("L0", d.predicted_l0_tokens), ("L1", d.predicted_l1_tokens),
                             ("L2", d.predicted_l2_tokens)):  # fmt: skip
@@ -373,18 +344,16 @@ class Proxy:
             cached_n = cached or 0
             m.prompt_tokens.labels(a.model, a.pod.name, "cached").inc(cached_n)
             m.prompt_tokens.labels(a.model, a.pod.name, "computed").inc(prompt_tokens - cached_n)
-            if a.decision.predicted_ttft_s is not None and cached is not None:
+            if d.predicted_ttft_s is not None and cached is not None:
                 m.cached_tokens_error.labels(a.strategy).observe(
-                    abs(a.decision.predicted_cached_tokens - cached)
+                    abs(d.predicted_cached_tokens - cached)
                 )
                 if a.ttft_s is not None:
-                    m.ttft_error.labels(a.strategy).observe(
-                        abs(a.decision.predicted_ttft_s - a.ttft_s)
-                    )
+                    m.ttft_error.labels(a.strategy).observe(abs(d.predicted_ttft_s - a.ttft_s))
         outcome = Outcome(
             ok=status < 400, ttft_s=a.ttft_s, prompt_tokens=prompt_tokens, cached_tokens=cached
         )
-        self._router.observe(a.req, a.decision, outcome)
+        self._router.finish(a.routed, outcome)
 
 
 async def read_limited(request: Request, limit: int) -> bytes:

@@ -1,25 +1,24 @@
-"""Turns a parsed request and the healthy pods into a routing ``Decision``.
+"""The gateway side of routing: what a strategy needs from an HTTP request, and metrics.
 
-This is the gateway side of routing: it builds the pure ``RouteRequest`` /
-``PodView`` snapshot a strategy needs (load from the ``LoadTracker``, engine
-queue from the registry's scrapes), picks the strategy configured for the model,
-and records decision metrics. Strategies themselves stay pure in ``routing/``.
+The steps around a strategy call live in ``routing.core.RoutingCore``, shared with
+the discrete-event simulator. Here the gateway supplies what only it has: the parsed
+body (tokenized and looked up in the index by ``KvIndex`` when the strategy needs
+it, hashed into prompt chunks, or searched for a session key), the registry's pods
+with their scraped engine gauges, and the Prometheus metrics of each decision.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
-from gateway.kv import KvIndex, Lookup
+from gateway.kv import KvIndex
 from gateway.metrics import GatewayMetrics
 from gateway.openai_body import ParsedRequest
-from gateway.registry import Pod
-from kvindex.types import PrefixMatch
-from routing.load import LoadTracker
+from gateway.pods import Pod
+from routing.core import Candidate, IndexAnswer, Routed, RoutingCore
 from routing.prefix_hash import chat_prefix_hashes, text_prefix_hashes
-from routing.registry import build_strategy, canonical_name
-from routing.types import Decision, Outcome, PodView, RouteRequest, Strategy
+from routing.types import Outcome, RouteRequest, Strategy
 
 CHARS_PER_TOKEN = 4  # estimate until a tokenizer is configured for the model
 
@@ -27,36 +26,24 @@ CHARS_PER_TOKEN = 4  # estimate until a tokenizer is configured for the model
 class Router:
     def __init__(
         self,
-        default_strategy: str,
+        core: RoutingCore,
         metrics: GatewayMetrics,
-        load: LoadTracker,
-        strategy_options: dict[str, dict[str, object]] | None = None,
-        model_strategies: dict[str, str] | None = None,
         kv: KvIndex | None = None,
         session_header: str = "x-session-id",
         session_body_field: str = "user",
     ) -> None:
+        self.core = core
         self._kv = kv
+        self._metrics = metrics
         self._session_header = session_header.lower()
         self._session_field = session_body_field
-        self._metrics = metrics
-        self._load = load
-        self._options = strategy_options or {}
-        self._default = self._build(default_strategy)
-        self._per_model: dict[str, Strategy] = {
-            model: self._build(name) for model, name in (model_strategies or {}).items()
-        }
-
-    def _build(self, name: str) -> Strategy:
-        canonical = canonical_name(name)
-        return build_strategy(canonical, self._options.get(canonical))
 
     def strategy_for(self, model: str) -> Strategy:
-        return self._per_model.get(model, self._default)
+        return self.core.strategy_for(model)
 
     def uses_index(self, model: str) -> bool:
         """Whether requests for ``model`` are tokenized and looked up in the index."""
-        return bool(getattr(self.strategy_for(model), "uses_index", False))
+        return self._kv is not None and self.core.needs_index(model)
 
     async def prepare(
         self,
@@ -65,57 +52,50 @@ class Router:
         request_id: str,
         headers: Mapping[str, str],
         pods: list[Pod],
-    ) -> tuple[RouteRequest, Lookup | None]:
+    ) -> tuple[RouteRequest, IndexAnswer | None]:
         """Build what the model's strategy needs, and only that (tokens cost time)."""
-        strategy = self.strategy_for(model)
-        req = RouteRequest(
-            model=model,
+        answer = None
+        if self._kv is not None and self.core.needs_index(model):
+            answer = await self._kv.lookup(parsed, model, pods)
+        body = parsed.body
+
+        def prefix_hashes() -> list[int]:
+            if parsed.kind == "chat":
+                return chat_prefix_hashes(body["messages"])
+            return text_prefix_hashes(body.get("prompt"))
+
+        def session_key() -> str | None:
+            key = headers.get(self._session_header) or body.get(self._session_field)
+            return str(key) if key else None
+
+        req = self.core.request(
+            model,
             request_id=request_id,
             prompt_tokens=parsed.approx_prompt_chars() // CHARS_PER_TOKEN,
             stream=parsed.stream,
+            index=answer,
+            prefix_hashes=prefix_hashes,
+            session_key=session_key,
         )
-        lookup = None
-        if getattr(strategy, "uses_index", False) and self._kv is not None:
-            lookup = await self._kv.lookup(parsed, model, pods)
-            if lookup is not None:
-                req.prompt_tokens = len(lookup.token_ids)
-                req.block_keys = lookup.keys
-        if getattr(strategy, "uses_prefix_hashes", False):
-            if parsed.kind == "chat":
-                req.prefix_hashes = chat_prefix_hashes(parsed.body["messages"])
-            else:
-                req.prefix_hashes = text_prefix_hashes(parsed.body.get("prompt"))
-        if getattr(strategy, "uses_session", False):
-            key = headers.get(self._session_header) or parsed.body.get(self._session_field)
-            req.session_key = str(key) if key else None
-        return req, lookup
+        return req, answer
 
-    def pod_views(self, pods: Iterable[Pod]) -> list[PodView]:
-        views = []
-        for p in pods:
-            load = self._load.get(p.name)
-            views.append(
-                PodView(
-                    id=p.name,
-                    in_flight=load.in_flight,
-                    in_flight_prefill_tokens=load.prefill_tokens,
-                    waiting=p.waiting,
-                    running=p.running,
-                    kv_usage=p.kv_usage,
-                    prefilling=load.prefilling,
-                )
-            )
-        return views
-
-    def choose(
-        self, req: RouteRequest, pods: list[Pod], match: PrefixMatch | None = None
-    ) -> Decision:
-        strategy = self.strategy_for(req.model)
+    def route(self, req: RouteRequest, pods: list[Pod], answer: IndexAnswer | None) -> Routed:
+        """Choose among ``pods``; the chosen pod's load is counted before this returns."""
         started = time.perf_counter()
-        decision = strategy.choose(req, self.pod_views(pods), match, time.monotonic())
-        self._metrics.decision_latency.labels(strategy.name).observe(time.perf_counter() - started)
-        self._metrics.decisions.labels(strategy.name, decision.reason).inc()
-        return decision
+        candidates = [Candidate(p.name, p.engine) for p in pods]
+        routed = self.core.route(req, candidates, answer.match if answer is not None else None)
+        name = routed.strategy.name
+        self._metrics.decision_latency.labels(name).observe(time.perf_counter() - started)
+        self._metrics.decisions.labels(name, routed.decision.reason).inc()
+        self._metrics.in_flight.labels(routed.pod).inc()
+        return routed
 
-    def observe(self, req: RouteRequest, decision: Decision, outcome: Outcome) -> None:
-        self.strategy_for(req.model).observe(req, decision, outcome)
+    def first_token(self, routed: Routed) -> None:
+        self.core.first_token(routed)
+
+    def finish(self, routed: Routed, outcome: Outcome | None) -> None:
+        """Release the load (once) and observe ``outcome`` (None: a retried attempt)."""
+        if routed.inflight.finished:
+            return
+        self.core.finish(routed, outcome)
+        self._metrics.in_flight.labels(routed.pod).dec()

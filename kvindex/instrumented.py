@@ -14,7 +14,7 @@ Backends stay free of metrics code; wrap whichever store the config builds:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -87,6 +87,14 @@ class InstrumentedStore:
         inner: Any = self.inner
         await inner.speculate(pod, keys, ttl_s)
         self._op_children["speculate"].inc()
+
+    def speculate_nowait(
+        self, pod: str, keys: Sequence[int], ttl_s: float
+    ) -> Coroutine[Any, Any, None] | None:
+        inner: Any = self.inner
+        pending = inner.speculate_nowait(pod, keys, ttl_s)
+        self._op_children["speculate"].inc()
+        return pending
 
     async def l2_writers(self, keys: Sequence[int]) -> dict[str, int]:
         inner: Any = self.inner

@@ -91,6 +91,9 @@ class MemoryStore:
         """Mark ``pod`` as holding ``keys`` in L0 for ``ttl_s`` unless confirmed sooner."""
         self.speculate_now(pod, keys, ttl_s)
 
+    def speculate_nowait(self, pod: str, keys: Sequence[int], ttl_s: float) -> None:
+        self.speculate_now(pod, keys, ttl_s)
+
     async def l2_writers(self, keys: Sequence[int]) -> dict[str, int]:
         return self.l2_writers_now(keys)
 

@@ -84,7 +84,7 @@ import base64
 import hashlib
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
@@ -375,6 +375,12 @@ class RedisStore:
         Deadlines use the Redis server clock, so all replicas agree on expiry."""
         ttl_ms = max(1, int(ttl_s * 1000))
         await self._run(self._calls("P", pod, keys, ttl_ms, chain_positions(keys)))
+
+    def speculate_nowait(
+        self, pod: str, keys: Sequence[int], ttl_s: float
+    ) -> Coroutine[Any, Any, None]:
+        """Nothing is local here: the whole write is the returned coroutine."""
+        return self.speculate(pod, keys, ttl_s)
 
     def _calls(
         self, code: str, pod: str, keys: Sequence[int], extra: int, pos: Positions | None = None

@@ -24,8 +24,9 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from enum import Enum
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from redis.exceptions import RedisError
@@ -119,6 +120,21 @@ class ResilientStore:
                 await self.primary.speculate(pod, keys, ttl_s)
             except _ERRORS as exc:
                 self._failed(exc)
+
+    def speculate_nowait(
+        self, pod: str, keys: Sequence[int], ttl_s: float
+    ) -> Coroutine[Any, Any, None] | None:
+        """The local view at once; Redis (while up) in the returned coroutine."""
+        self.local.speculate_now(pod, keys, ttl_s)
+        if self._state is not _State.UP:
+            return None
+        return self._speculate_shared(pod, keys, ttl_s)
+
+    async def _speculate_shared(self, pod: str, keys: Sequence[int], ttl_s: float) -> None:
+        try:
+            await self.primary.speculate(pod, keys, ttl_s)
+        except _ERRORS as exc:
+            self._failed(exc)
 
     async def l2_writers(self, keys: Sequence[int]) -> dict[str, int]:
         if self._state is _State.UP:

@@ -6,9 +6,9 @@ are already the router's own block keys; stores only ever see router keys.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from kvindex.types import PrefixMatch, Tier
 
@@ -103,6 +103,14 @@ class IndexStore(Protocol):
     async def speculate(self, pod: str, keys: Sequence[int], ttl_s: float) -> None:
         """Count ``keys`` as held in L0 by ``pod`` for ``ttl_s`` unless events confirm
         them first: the router's own dispatch, visible before the engine reports it."""
+        ...
+
+    def speculate_nowait(
+        self, pod: str, keys: Sequence[int], ttl_s: float
+    ) -> Coroutine[Any, Any, None] | None:
+        """``speculate`` without waiting: what can be recorded synchronously is (an
+        in-process view), before the caller's next request is routed; a network write
+        that remains comes back as a coroutine for the caller to run in the background."""
         ...
 
     async def l2_writers(self, keys: Sequence[int]) -> dict[str, int]:

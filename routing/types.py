@@ -8,9 +8,11 @@ in the discrete-event simulator.
 
 from __future__ import annotations
 
+import abc
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import ClassVar
 
 from kvindex.types import PrefixMatch
 
@@ -85,15 +87,43 @@ class NoCandidates(Exception):
     """Raised when a strategy is asked to choose among zero pods."""
 
 
-@runtime_checkable
-class Strategy(Protocol):
-    """One routing policy. Implementations live one per file in ``routing.strategies``."""
+class Need(enum.Enum):
+    """What the caller must compute for a strategy before ``choose``.
 
-    name: str
-    # What the gateway must compute before ``choose`` (all default False; a class
-    # attribute set to True asks for it): ``uses_index`` (token ids, block keys and
-    # the index's PrefixMatch), ``uses_prefix_hashes`` (chunk hashes of the rendered
-    # prompt), ``uses_session`` (a session key from a header or body field).
+    Each costs real time per request (tokenization and an index lookup are
+    milliseconds on a long prompt), so a strategy declares what it reads and the
+    routing core (``routing.core``) fills only that into the ``RouteRequest``.
+    """
+
+    INDEX = "index"  # token ids, block keys and the index's PrefixMatch
+    PREFIX_HASHES = "prefix_hashes"  # chained hashes of chunks of the rendered prompt
+    SESSION = "session"  # a session key from a header or body field
+
+
+class Strategy(abc.ABC):
+    """One routing policy. Implementations live one per file in ``routing.strategies``.
+
+    A subclass declares ``needs`` (a frozenset of ``Need``; default nothing), is
+    decorated with ``@register("name", aliases=...)`` (which sets ``name``), and
+    implements ``pick``. ``choose`` guards the empty candidate list for all of them;
+    ``observe`` learns nothing unless overridden.
+    """
+
+    name: ClassVar[str] = ""  # set by ``routing.strategy_registry.register``
+    needs: ClassVar[frozenset[Need]] = frozenset()
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        needs = cls.__dict__.get("needs", frozenset())
+        if not isinstance(needs, frozenset) or not all(isinstance(n, Need) for n in needs):
+            raise TypeError(f"{cls.__name__}.needs must be a frozenset of routing.types.Need")
+        # Ad-hoc flags were the contract once; a misspelt or stale one is a start-up error.
+        stray = sorted(a for a in cls.__dict__ if a.startswith(("uses_", "needs_")))
+        if stray:
+            raise TypeError(
+                f"{cls.__name__} declares {', '.join(stray)}: declare what a strategy "
+                "needs as `needs = frozenset({Need.INDEX, ...})`"
+            )
 
     def choose(
         self,
@@ -101,11 +131,30 @@ class Strategy(Protocol):
         pods: Sequence[PodView],
         match: PrefixMatch | None,
         now: float,
-    ) -> Decision: ...
+    ) -> Decision:
+        """The pod for ``req`` among ``pods`` (the healthy candidates)."""
+        if not pods:
+            raise NoCandidates(req.model)
+        return self.pick(req, pods, match, now)
+
+    @abc.abstractmethod
+    def pick(
+        self,
+        req: RouteRequest,
+        pods: Sequence[PodView],
+        match: PrefixMatch | None,
+        now: float,
+    ) -> Decision:
+        """``choose`` with at least one candidate: what each strategy implements.
+
+        ``match`` is the index's answer when the strategy needs ``Need.INDEX`` (None
+        otherwise, or when the prompt could not be tokenized); ``now`` is the caller's
+        clock (monotonic seconds live, simulated seconds in the DES).
+        """
 
     def observe(self, req: RouteRequest, decision: Decision, outcome: Outcome) -> None:
         """Feedback after the request finished (calibration, affinity memory)."""
-        ...
+        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from bench.des.sim import run_des
 from bench.des.types import TIER_SETUPS, DesPodSpec, DesRequest
 from bench.des.workload import MOONCAKE_BLOCK_TOKENS, load_mooncake, poisson_arrivals
 from bench.profiles import PROFILES, get_profile
-from routing.registry import canonical_name
+from routing.strategy_registry import canonical_name
 
 DEFAULT_STRATEGIES = "round-robin,least-loaded,prefix-aware,kv-aware"
 

@@ -18,16 +18,12 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from bench.des.types import DesPodSpec, DesRequest, DesResult
 from bench.podmodel import MemoryL2, Plan, TieredCache
 from kvindex.store import IndexOp, Removed, Stored
 from kvindex.types import Tier
-
-if TYPE_CHECKING:
-    from routing.load import InFlight
-    from routing.types import Decision, RouteRequest
+from routing.core import Routed, RoutingCore
 
 Schedule = Callable[[float, Callable[[object, float], None], object], None]
 _EPS = 1e-9
@@ -36,21 +32,12 @@ _EPS = 1e-9
 class Job:
     """A request while a pod serves it."""
 
-    __slots__ = ("request", "result", "route", "decision", "inflight", "plan", "keys", "pod")
+    __slots__ = ("request", "result", "routed", "plan", "keys", "pod")
 
-    def __init__(
-        self,
-        request: DesRequest,
-        result: DesResult,
-        route: RouteRequest,
-        decision: Decision,
-        inflight: InFlight,
-    ) -> None:
+    def __init__(self, request: DesRequest, result: DesResult, routed: Routed) -> None:
         self.request = request
         self.result = result
-        self.route = route
-        self.decision = decision
-        self.inflight = inflight
+        self.routed = routed  # the routing core's record: decision and held load
         self.plan: Plan | None = None
         self.keys: list[int] = []
         self.pod: DesPod | None = None
@@ -157,7 +144,7 @@ class DesPod:
             assert nxt.plan is not None
             self._schedule(now + nxt.plan.compute_s, self._prefilled, nxt)
         job.result.ttft_s = now - job.request.arrival_s
-        job.inflight.first_token()
+        RoutingCore.first_token(job.routed)
         self._write_l2(job)
         remaining = job.request.output_tokens - 1
         if remaining <= 0:

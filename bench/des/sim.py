@@ -1,12 +1,12 @@
 """The fleet in simulated time: a heap of timed events, the router, the pods.
 
-Routing is the live gateway's, minus the network: per request a ``RouteRequest``,
-``PodView``s from the same ``LoadTracker`` (load counted at dispatch, prefill share
-released at the first token, the rest at the end) plus pod queue state scraped at
-most every ``scrape_interval_s`` (the gateway scrapes ``/metrics`` periodically),
-a ``PrefixMatch`` from a ``kvindex`` ``MemoryStore`` fed by the pods' stored and
-evicted blocks (after ``event_delay_s``), the strategy's ``choose``, speculative
-L0 entries like the gateway's, and ``observe`` with the outcome.
+Routing is the live gateway's own code, minus the network: ``routing.core.RoutingCore``
+builds the ``RouteRequest``, the ``PodView``s (load counted at dispatch, prefill share
+released at the first token, the rest at the end, plus pod queue state scraped at
+most every ``scrape_interval_s`` as the gateway scrapes ``/metrics``), calls the
+strategy, records speculative L0 entries and observes the outcome. The index is a
+``kvindex`` ``MemoryStore`` fed by the pods' stored and evicted blocks (after
+``event_delay_s``), looked up here and passed in, as the gateway passes its lookup.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from bench.podmodel import MemoryL2
 from bench.profiles import Profile, get_profile
 from kvindex.memory_store import MemoryStore
 from kvindex.store import IndexOp
-from routing.load import LoadTracker
-from routing.registry import build_strategy, canonical_name
-from routing.types import Outcome, PodView, RouteRequest
+from routing.core import Candidate, EngineLoad, IndexAnswer, RoutingCore
+from routing.strategy_registry import canonical_name
+from routing.types import Outcome
 
 Progress = Callable[[int], None]  # called with the number of requests finished so far
 
@@ -52,20 +52,22 @@ class FleetSim:
         self.event_delay_s = event_delay_s
         self.scrape_interval_s = scrape_interval_s
         self.speculative_ttl_s = speculative_ttl_s
-        self.strategy = build_strategy(strategy, strategy_options)
         self.strategy_name = canonical_name(strategy)
-        self._uses_index = bool(getattr(self.strategy, "uses_index", False))
-        self._uses_prefix = bool(getattr(self.strategy, "uses_prefix_hashes", False))
-        self._uses_session = bool(getattr(self.strategy, "uses_session", False))
         self.store = MemoryStore(index_capacity, clock=lambda: self.now)
-        self.load = LoadTracker()
+        self.core = RoutingCore.from_config(
+            strategy,
+            {self.strategy_name: strategy_options} if strategy_options else None,
+            speculate=lambda pod, keys: self.store.speculate_now(pod, keys, speculative_ttl_s),
+            clock=lambda: self.now,
+        )
+        self.strategy = self.core.strategy_for(model)
         self.l2 = MemoryL2(spec.l2_capacity_blocks) if spec.l2_capacity_blocks > 0 else None
         self.pods = [
             DesPod(f"pod-{i}", spec, self.l2, self._at, self._publish, self._finished)
             for i in range(n_pods)
         ]
         self._by_name = {p.name: p for p in self.pods}
-        self._scraped: dict[str, tuple[int, int, float]] = {p.name: (0, 0, 0.0) for p in self.pods}
+        self._scraped: dict[str, EngineLoad] = {p.name: EngineLoad() for p in self.pods}
         self._scraped_at = -1e18
         self._heap: list[tuple[float, int, Callable[[Any, float], None], Any]] = []
         self._seq = 0
@@ -105,49 +107,33 @@ class FleetSim:
 
     # -- routing ----------------------------------------------------------------------
 
-    def _views(self, now: float) -> list[PodView]:
+    def _candidates(self, now: float) -> list[Candidate]:
         if now - self._scraped_at >= self.scrape_interval_s:
             self._scraped_at = now
             for p in self.pods:
-                self._scraped[p.name] = (len(p.waiting), p.running, p.kv_usage())
-        views = []
-        for p in self.pods:
-            load = self.load.get(p.name)
-            waiting, running, usage = self._scraped[p.name]
-            views.append(
-                PodView(
-                    p.name,
-                    load.in_flight,
-                    load.prefill_tokens,
-                    waiting,
-                    running,
-                    usage,
-                    prefilling=load.prefilling,
-                )
-            )
-        return views
+                self._scraped[p.name] = EngineLoad(len(p.waiting), p.running, p.kv_usage())
+        return [Candidate(p.name, self._scraped[p.name]) for p in self.pods]
 
     def dispatch(self, index: int, req: DesRequest, now: float) -> None:
         """Route one arriving request and hand it to the chosen pod."""
-        keys = req.block_keys[: req.prompt_tokens // self.spec.block_size]
-        route = RouteRequest(
-            model=self.model,
+        core, bs = self.core, self.spec.block_size
+        keys = req.block_keys[: req.prompt_tokens // bs]
+        answer = None
+        if core.needs_index(self.model):
+            answer = IndexAnswer(req.prompt_tokens, keys, self.store.match_now(keys, bs))
+        route = core.request(
+            self.model,
             request_id=str(index),
             prompt_tokens=req.prompt_tokens,
-            block_keys=keys if self._uses_index else (),
-            prefix_hashes=keys if self._uses_prefix else (),
-            session_key=req.session if self._uses_session else None,
+            index=answer,
+            prefix_hashes=lambda: keys,
+            session_key=lambda: req.session,
         )
-        match = self.store.match_now(keys, self.spec.block_size) if self._uses_index else None
-        decision = self.strategy.choose(route, self._views(now), match, now)
-        pod = self._by_name[decision.pod]
-        if match is not None and decision.speculate_blocks:
-            spec_keys = keys[: decision.speculate_blocks]
-            self.store.speculate_now(pod.name, spec_keys, self.speculative_ttl_s)
-        prefill = max(0, req.prompt_tokens - decision.predicted_cached_tokens)
+        routed = core.route(route, self._candidates(now), answer.match if answer else None)
+        decision = routed.decision
         result = DesResult(
             index=index,
-            pod=pod.name,
+            pod=decision.pod,
             arrival_s=req.arrival_s,
             prompt_tokens=req.prompt_tokens,
             output_tokens=req.output_tokens,
@@ -155,14 +141,11 @@ class FleetSim:
             reason=decision.reason,
         )
         self.results.append(result)
-        job = Job(req, result, route, decision, self.load.start(pod.name, prefill))
-        pod.submit(job, now)
+        self._by_name[decision.pod].submit(Job(req, result, routed), now)
 
     def _finished(self, job: Job, now: float) -> None:
-        job.inflight.finish()
         r = job.result
-        outcome = Outcome(True, r.ttft_s, r.prompt_tokens, r.cached_tokens)
-        self.strategy.observe(job.route, job.decision, outcome)
+        self.core.finish(job.routed, Outcome(True, r.ttft_s, r.prompt_tokens, r.cached_tokens))
         self.finished += 1
         if self._on_finish is not None:
             self._on_finish(job, now)

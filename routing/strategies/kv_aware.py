@@ -37,14 +37,15 @@ from kvindex.types import PrefixMatch
 from routing.calibration import Calibrator
 from routing.cost_model import CostModel, as_cost_model
 from routing.lru import BoundedLRU
-from routing.registry import register
+from routing.strategy_registry import register
 from routing.types import (
     Decision,
-    NoCandidates,
+    Need,
     Outcome,
     PodView,
     Reason,
     RouteRequest,
+    Strategy,
     least_loaded_key,
 )
 
@@ -73,11 +74,10 @@ class PodEstimate:
 
 
 @register("kv-aware", aliases=("kvaware", "kv", "precise", "cost-aware"))
-class KvAware:
+class KvAware(Strategy):
     """Minimum predicted TTFT + eviction cost over the candidates (KV index, cost model)."""
 
-    name = "kv-aware"
-    uses_index = True  # the gateway tokenizes, keys and looks the prompt up
+    needs = frozenset({Need.INDEX})  # the gateway tokenizes, keys and looks the prompt up
 
     def __init__(
         self,
@@ -122,15 +122,13 @@ class KvAware:
             self._calibrators.put(model, cal)
         return cal
 
-    def choose(
+    def pick(
         self,
         req: RouteRequest,
         pods: Sequence[PodView],
         match: PrefixMatch | None,
         now: float,
     ) -> Decision:
-        if not pods:
-            raise NoCandidates(req.model)
         cost = self.cost_model(req.model)
         weight = self.eviction_weight
         estimates = [self.estimate(cost, req, pod, match, weight) for pod in pods]

@@ -23,25 +23,24 @@ from collections.abc import Sequence
 
 from kvindex.types import PrefixMatch
 from routing.lru import BoundedLRU
-from routing.registry import register
+from routing.strategy_registry import register
 from routing.types import (
     Decision,
-    NoCandidates,
-    Outcome,
+    Need,
     PodView,
     Reason,
     RouteRequest,
+    Strategy,
     least_loaded_key,
     overloaded,
 )
 
 
 @register("prefix-aware", aliases=("prefixaware", "prefix", "cache-aware", "cacheaware"))
-class PrefixAware:
+class PrefixAware(Strategy):
     """Approximate prefix affinity over remembered chunk hashes, gated by load."""
 
-    name = "prefix-aware"
-    uses_prefix_hashes = True  # the gateway hashes chunks of the rendered prompt
+    needs = frozenset({Need.PREFIX_HASHES})  # the gateway hashes chunks of the rendered prompt
 
     def __init__(
         self,
@@ -70,15 +69,13 @@ class PrefixAware:
     def remembered(self) -> int:
         return len(self._holders)
 
-    def choose(
+    def pick(
         self,
         req: RouteRequest,
         pods: Sequence[PodView],
         match: PrefixMatch | None,
         now: float,
     ) -> Decision:
-        if not pods:
-            raise NoCandidates(req.model)
         least = min(pods, key=least_loaded_key)
         hashes = req.prefix_hashes
         if not hashes:
@@ -97,9 +94,6 @@ class PrefixAware:
         self._record(hashes, chosen.id)
         scores = {pod: depth / len(hashes) for pod, depth in depths.items()}
         return Decision(pod=chosen.id, strategy=self.name, reason=reason, scores=scores)
-
-    def observe(self, req: RouteRequest, decision: Decision, outcome: Outcome) -> None:
-        return None
 
     def _matched_depths(self, hashes: Sequence[int], pods: Sequence[PodView]) -> dict[str, int]:
         """Per candidate pod, how many leading chunks it was sent (0 omitted)."""

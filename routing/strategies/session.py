@@ -19,14 +19,14 @@ import xxhash
 
 from kvindex.types import PrefixMatch
 from routing.lru import BoundedLRU
-from routing.registry import register
+from routing.strategy_registry import register
 from routing.types import (
     Decision,
-    NoCandidates,
-    Outcome,
+    Need,
     PodView,
     Reason,
     RouteRequest,
+    Strategy,
     least_loaded_key,
     overloaded,
 )
@@ -35,11 +35,10 @@ _POD_SEEDS_CAPACITY = 4096  # distinct pod ids seen; pods churn on restarts
 
 
 @register("session", aliases=("sticky", "session-affinity", "affinity"))
-class SessionAffinity:
+class SessionAffinity(Strategy):
     """Sticky routing by session key with consistent (rendezvous) hashing."""
 
-    name = "session"
-    uses_session = True  # the gateway fills session_key from a header or body field
+    needs = frozenset({Need.SESSION})  # the gateway fills session_key from a header or body field
 
     def __init__(
         self,
@@ -59,15 +58,13 @@ class SessionAffinity:
     def remembered(self) -> int:
         return len(self._homes) if self._homes is not None else 0
 
-    def choose(
+    def pick(
         self,
         req: RouteRequest,
         pods: Sequence[PodView],
         match: PrefixMatch | None,
         now: float,
     ) -> Decision:
-        if not pods:
-            raise NoCandidates(req.model)
         if not req.session_key:
             least = min(pods, key=least_loaded_key)
             return Decision(pod=least.id, strategy=self.name, reason=Reason.FALLBACK)
@@ -80,9 +77,6 @@ class SessionAffinity:
             ):
                 return Decision(pod=least.id, strategy=self.name, reason=Reason.LOAD_SPILL)
         return Decision(pod=home.id, strategy=self.name, reason=Reason.SESSION)
-
-    def observe(self, req: RouteRequest, decision: Decision, outcome: Outcome) -> None:
-        return None
 
     def _home(self, session_key: str, pods: Sequence[PodView]) -> PodView:
         key = session_key.encode("utf-8", "surrogatepass")

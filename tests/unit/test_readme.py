@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from gateway.config import load_settings
-from routing.registry import build_strategy
+from routing.strategy_registry import build_strategy
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from kvindex.types import PodPrefix, PrefixMatch
 from routing.load import LoadTracker
-from routing.registry import build_strategy
 from routing.strategies.kv_aware import KvAware
+from routing.strategy_registry import build_strategy
 from routing.types import Decision, Outcome, PodView, Reason, RouteRequest
 
 # Round numbers so each expectation can be checked by hand:

@@ -3,7 +3,7 @@
 import pytest
 
 from routing.lru import BoundedLRU
-from routing.registry import available, canonical_name
+from routing.strategy_registry import available, canonical_name
 
 
 def test_the_oldest_entry_is_evicted_at_capacity():

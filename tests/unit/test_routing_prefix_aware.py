@@ -4,8 +4,8 @@ import time
 from collections import Counter
 
 from routing.load import LoadTracker
-from routing.registry import build_strategy
 from routing.strategies.prefix_aware import PrefixAware
+from routing.strategy_registry import build_strategy
 from routing.types import PodView, Reason, RouteRequest
 
 PODS = [PodView(p) for p in ("a", "b", "c", "d")]

@@ -3,8 +3,8 @@
 import time
 from collections import Counter
 
-from routing.registry import build_strategy
 from routing.strategies.session import SessionAffinity
+from routing.strategy_registry import build_strategy
 from routing.types import PodView, Reason, RouteRequest
 
 PODS = [PodView(p) for p in ("a", "b", "c", "d")]

@@ -14,15 +14,19 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import httpx
 
 from gateway.config import HealthSettings, PodConfig
 from gateway.metrics import GatewayMetrics
+from routing.core import IDLE_ENGINE, EngineLoad
 
-log = logging.getLogger("kvgate.registry")
+log = logging.getLogger("kvgate.pods")
+T = TypeVar("T")
 
 PodListener = Callable[["Pod"], Awaitable[None] | None]
+RemovalListener = Callable[[str], Awaitable[None] | None]
 
 _SCRAPED = {
     "vllm:num_requests_waiting": "waiting",
@@ -42,9 +46,7 @@ class Pod:
     failed_probes: int = 0
     failed_requests: int = 0
     good_probes: int = 0
-    waiting: int = 0
-    running: int = 0
-    kv_usage: float = 0.0
+    engine: EngineLoad = IDLE_ENGINE  # queue gauges scraped from the pod's /metrics
     last_probe: float = 0.0
 
     @property
@@ -89,6 +91,7 @@ class PodRegistry:
         self._task: asyncio.Task[None] | None = None
         self._on_eject: list[PodListener] = []
         self._on_admit: list[PodListener] = []
+        self._on_remove: list[RemovalListener] = []
         for cfg in pods:
             self.add(cfg)
 
@@ -101,18 +104,27 @@ class PodRegistry:
         return pod
 
     async def remove(self, name: str) -> None:
+        """The pod left the fleet (discovery): out of rotation, then removal listeners."""
         pod = self._pods.pop(name, None)
         if pod is not None and pod.healthy:
             pod.healthy = False
             await self._notify(self._on_eject, pod)
         with contextlib.suppress(KeyError):
             self._metrics.pod_healthy.remove(name)
+        if pod is not None:
+            await self._notify(self._on_remove, name)
 
     def on_eject(self, listener: PodListener) -> None:
+        """Called when a pod leaves rotation (failed probes or requests, or removal)."""
         self._on_eject.append(listener)
 
     def on_admit(self, listener: PodListener) -> None:
+        """Called when a pod enters rotation."""
         self._on_admit.append(listener)
+
+    def on_remove(self, listener: RemovalListener) -> None:
+        """Called with the pod's name when it is removed from the fleet for good."""
+        self._on_remove.append(listener)
 
     # -- views --
 
@@ -196,9 +208,11 @@ class PodRegistry:
             r = await self._client.get(f"{pod.url}/metrics", timeout=timeout, headers=headers)
             if r.status_code == 200:
                 load = parse_engine_load(r.text)
-                pod.waiting = int(load.get("waiting", 0))
-                pod.running = int(load.get("running", 0))
-                pod.kv_usage = float(load.get("kv_usage", 0.0))
+                pod.engine = EngineLoad(
+                    waiting=int(load.get("waiting", 0)),
+                    running=int(load.get("running", 0)),
+                    kv_usage=float(load.get("kv_usage", 0.0)),
+                )
             return True
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             return False
@@ -229,11 +243,11 @@ class PodRegistry:
         await self._notify(self._on_admit, pod)
 
     @staticmethod
-    async def _notify(listeners: list[PodListener], pod: Pod) -> None:
+    async def _notify(listeners: list[Callable[[T], Awaitable[None] | None]], arg: T) -> None:
         for listener in listeners:
             try:
-                result = listener(pod)
+                result = listener(arg)
                 if result is not None:
                     await result
             except Exception:
-                log.exception("pod listener failed for %s", pod.name)
+                log.exception("pod listener failed for %s", getattr(arg, "name", arg))

@@ -1,8 +1,8 @@
 """Strategy factory: strategies register themselves by name; config picks one.
 
-Adding a strategy is one new file in ``routing/strategies/`` that decorates its
-class with ``@register("name", aliases=...)``; every module in that package is
-imported on first lookup, so nothing else needs editing.
+Adding a strategy is one new file in ``routing/strategies/`` whose ``Strategy``
+subclass is decorated with ``@register("name", aliases=...)``; every module in that
+package is imported on first lookup, so nothing else needs editing.
 """
 
 from __future__ import annotations
@@ -10,19 +10,28 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from routing.types import Strategy
 
-StrategyFactory = Callable[..., Strategy]
+S = TypeVar("S", bound=type[Strategy])
 
-_FACTORIES: dict[str, StrategyFactory] = {}
+_FACTORIES: dict[str, type[Strategy]] = {}
 _ALIASES: dict[str, str] = {}
 _loaded = False
 
 
-def register(name: str, aliases: tuple[str, ...] = ()) -> Callable[[type], type]:
-    def decorate(cls: type) -> type:
+def register(name: str, aliases: tuple[str, ...] = ()) -> Callable[[S], S]:
+    """Class decorator: make ``cls`` buildable as ``name`` (and its aliases); sets ``cls.name``."""
+
+    def decorate(cls: S) -> S:
+        if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+            raise TypeError(f"@register({name!r}) needs a routing.types.Strategy subclass")
+        for key in (name, *aliases):
+            taken = _FACTORIES.get(_ALIASES.get(key, key))
+            if taken is not None and taken is not cls:
+                raise ValueError(f"strategy name {key!r} is already {taken.__name__}'s")
+        cls.name = name
         _FACTORIES[name] = cls
         for alias in aliases:
             _ALIASES[alias] = name

@@ -1,0 +1,87 @@
+"""The composition root: everything one gateway process owns, built and torn down here.
+
+``running_gateway`` wires the pieces together in one place (the HTTP client, pod
+registry, KV index, routing core, proxy, discovery) and owns their start and stop
+order; handlers reach the result as ``request.app.state.gw``. Nothing here serves
+HTTP: ``gateway.app`` (OpenAI endpoints) and ``gateway.admin`` (operator endpoints)
+are built on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client import CollectorRegistry
+
+from gateway.config import Settings
+from gateway.discovery import DiscoveryMetrics, PodDiscovery, RegistrySink
+from gateway.kv import KvIndex
+from gateway.metrics import GatewayMetrics
+from gateway.pods import PodRegistry
+from gateway.proxy import Proxy
+from gateway.router import Router
+from routing.core import RoutingCore
+
+
+@dataclass
+class Gateway:
+    """Everything one gateway process owns; built by ``running_gateway``."""
+
+    settings: Settings
+    registry: PodRegistry
+    router: Router
+    proxy: Proxy
+    metrics: GatewayMetrics
+    prometheus: CollectorRegistry
+    client: httpx.AsyncClient
+    kv: KvIndex
+
+
+def build_routing(settings: Settings) -> RoutingCore:
+    """The strategies from config; an unknown name or bad option fails here, at start-up."""
+    return RoutingCore.from_config(
+        settings.strategy, settings.strategy_options, settings.model_strategies
+    )
+
+
+@contextlib.asynccontextmanager
+async def running_gateway(
+    settings: Settings,
+    core: RoutingCore,
+    prometheus: CollectorRegistry,
+    metrics: GatewayMetrics,
+) -> AsyncIterator[Gateway]:
+    """Build, start, yield, and stop one gateway: the order of both lives here."""
+    limits = httpx.Limits(
+        max_connections=settings.max_upstream_connections,
+        max_keepalive_connections=settings.max_upstream_connections,
+        keepalive_expiry=30,
+    )
+    async with httpx.AsyncClient(limits=limits, timeout=settings.timeouts.total_s) as client:
+        registry = PodRegistry(settings.pods, client, settings.health, metrics)
+        kv = KvIndex(settings, prometheus, client)
+        core.set_speculation(kv.speculate)
+        registry.on_admit(kv.pod_admitted)
+        registry.on_eject(kv.pod_ejected)
+        registry.on_remove(kv.pod_removed)
+        router = Router(core, metrics, kv, settings.session_header, settings.session_body_field)
+        proxy = Proxy(settings, client, registry, router, metrics)
+        gw = Gateway(settings, registry, router, proxy, metrics, prometheus, client, kv)
+        await kv.warm_up(m for m in settings.models if router.uses_index(m))
+        await registry.start()
+        discovery = None
+        if settings.discovery.enabled:  # pods come and go with Kubernetes readiness
+            discovery = PodDiscovery(
+                settings.discovery, RegistrySink(registry), DiscoveryMetrics(prometheus)
+            )
+            await discovery.start()
+        try:
+            yield gw
+        finally:
+            if discovery is not None:
+                await discovery.stop()
+            await registry.stop()
+            await kv.close()

@@ -1,0 +1,211 @@
+"""The routing core: every step around a strategy call, shared by the gateway and the DES.
+
+Per request, whoever serves it (``gateway.router`` live, ``bench.des.sim`` in
+simulated time) does the same five things, here and nowhere else:
+
+1. ``request``: build the ``RouteRequest`` with what the model's strategy
+   ``needs`` and only that (the caller computes the index answer when
+   ``needs_index`` says so: tokenization and a lookup are async and costly live);
+2. ``route``: turn the candidates into ``PodView``s (this router's in-flight load
+   from the ``LoadTracker`` plus the engine gauges the caller last scraped), ask the
+   strategy, record the speculative L0 entries it asks for, and count the request's
+   load at once with its *uncached* prompt tokens;
+3. ``first_token``: the pod finished the prefill; only the decode slot remains;
+4. ``finish``: release the load and give the strategy the outcome.
+
+Synchronous on purpose: nothing here waits, so the simulator runs it as is and its
+claims about the gateway's decisions hold by construction.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvindex.types import PrefixMatch
+from routing.load import InFlight, LoadTracker
+from routing.strategy_registry import build_strategy, canonical_name
+from routing.types import Decision, Need, Outcome, PodView, RouteRequest, Strategy
+
+# Record keys as speculatively held in L0 by a pod (the index's ``speculate``, TTL
+# bound by the caller): the router's own dispatch, visible before the engine's events.
+Speculate = Callable[[str, Sequence[int]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """A pod's own queue gauges, as last scraped from its ``/metrics``."""
+
+    waiting: int = 0  # vllm:num_requests_waiting
+    running: int = 0  # vllm:num_requests_running
+    kv_usage: float = 0.0  # vllm:kv_cache_usage_perc (0..1)
+
+
+IDLE_ENGINE = EngineLoad()
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A healthy pod that may take the request, with its scraped engine gauges."""
+
+    pod: str
+    engine: EngineLoad = IDLE_ENGINE
+
+
+@dataclass(frozen=True, slots=True)
+class IndexAnswer:
+    """What the index says about one prompt: its block keys and who holds them."""
+
+    prompt_tokens: int  # exact, from the engine-faithful tokenization
+    block_keys: Sequence[int]
+    match: PrefixMatch
+
+
+@dataclass(slots=True)
+class Routed:
+    """One request routed to one pod: the decision and the load it holds until finished."""
+
+    request: RouteRequest
+    decision: Decision
+    strategy: Strategy
+    inflight: InFlight
+
+    @property
+    def pod(self) -> str:
+        return self.decision.pod
+
+
+class RoutingCore:
+    """Strategies per model, the load they see, and the steps around ``choose``."""
+
+    def __init__(
+        self,
+        default: Strategy,
+        per_model: Mapping[str, Strategy] | None = None,
+        *,
+        load: LoadTracker | None = None,
+        speculate: Speculate | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._default = default
+        self._per_model = dict(per_model or {})
+        self.load = load if load is not None else LoadTracker()
+        self._speculate = speculate
+        self._clock = clock
+
+    @classmethod
+    def from_config(
+        cls,
+        default: str,
+        options: Mapping[str, Mapping[str, Any]] | None = None,
+        model_strategies: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> RoutingCore:
+        """Build the strategies by (alias) name; options are keyed by canonical name.
+
+        An unknown name or a bad option raises here, at start-up."""
+        opts = options or {}
+
+        def build(name: str) -> Strategy:
+            canonical = canonical_name(name)
+            return build_strategy(canonical, opts.get(canonical))
+
+        per_model = {model: build(name) for model, name in (model_strategies or {}).items()}
+        return cls(build(default), per_model, **kwargs)
+
+    def set_speculation(self, speculate: Speculate | None) -> None:
+        """Where speculative L0 entries go (the index, once it exists)."""
+        self._speculate = speculate
+
+    # -- what a model's strategy needs ------------------------------------------------
+
+    def strategy_for(self, model: str) -> Strategy:
+        return self._per_model.get(model, self._default)
+
+    def strategies(self) -> list[Strategy]:
+        return [self._default, *self._per_model.values()]
+
+    def needs_index(self, model: str) -> bool:
+        """Whether requests for ``model`` are tokenized and looked up in the index."""
+        return Need.INDEX in self.strategy_for(model).needs
+
+    def request(
+        self,
+        model: str,
+        *,
+        request_id: str = "",
+        prompt_tokens: int = 0,
+        stream: bool = False,
+        index: IndexAnswer | None = None,
+        prefix_hashes: Callable[[], Sequence[int]] | None = None,
+        session_key: Callable[[], str | None] | None = None,
+    ) -> RouteRequest:
+        """The ``RouteRequest`` for ``model``'s strategy, holding only what it needs.
+
+        ``prompt_tokens`` is the caller's estimate; an ``index`` answer replaces it
+        with the exact count. ``prefix_hashes`` and ``session_key`` are called only
+        when the strategy needs them."""
+        needs = self.strategy_for(model).needs
+        req = RouteRequest(model=model, request_id=request_id, prompt_tokens=prompt_tokens,
+                           stream=stream)  # fmt: skip
+        if index is not None and Need.INDEX in needs:
+            req.prompt_tokens = index.prompt_tokens
+            req.block_keys = index.block_keys
+        if prefix_hashes is not None and Need.PREFIX_HASHES in needs:
+            req.prefix_hashes = prefix_hashes()
+        if session_key is not None and Need.SESSION in needs:
+            req.session_key = session_key()
+        return req
+
+    # -- one routing ----------------------------------------------------------------------
+
+    def views(self, candidates: Iterable[Candidate]) -> list[PodView]:
+        """Routing-time snapshots: this router's load plus the scraped engine gauges."""
+        views = []
+        for c in candidates:
+            load, engine = self.load.get(c.pod), c.engine
+            views.append(
+                PodView(
+                    id=c.pod,
+                    in_flight=load.in_flight,
+                    in_flight_prefill_tokens=load.prefill_tokens,
+                    waiting=engine.waiting,
+                    running=engine.running,
+                    kv_usage=engine.kv_usage,
+                    prefilling=load.prefilling,
+                )
+            )
+        return views
+
+    def route(
+        self, req: RouteRequest, candidates: Sequence[Candidate], match: PrefixMatch | None
+    ) -> Routed:
+        """Choose a pod, record speculation, count the load now (before any await)."""
+        strategy = self.strategy_for(req.model)
+        decision = strategy.choose(req, self.views(candidates), match, self._clock())
+        if match is not None and decision.speculate_blocks and self._speculate is not None:
+            keys = req.block_keys[: decision.speculate_blocks]
+            if keys:
+                self._speculate(decision.pod, keys)
+        prefill = max(0, req.prompt_tokens - decision.predicted_cached_tokens)
+        return Routed(req, decision, strategy, self.load.start(decision.pod, prefill))
+
+    @staticmethod
+    def first_token(routed: Routed) -> None:
+        """The pod sent the first token: the request's prefill share of the load ends."""
+        routed.inflight.first_token()
+
+    @staticmethod
+    def finish(routed: Routed, outcome: Outcome | None) -> None:
+        """Release the request's load and, given an outcome, observe it; only the
+        first call counts (a stream's end and its client's leaving may both finish it).
+
+        ``None``: the attempt ended without an outcome worth learning from (it is
+        being retried on another pod)."""
+        if routed.inflight.finished:
+            return
+        routed.inflight.finish()
+        if outcome is not None:
+            routed.strategy.observe(routed.request, routed.decision, outcome)
