@@ -160,7 +160,8 @@ def _gateway_env(plan: FleetPlan, redis_url: str | None) -> dict[str, str]:
     model: dict[str, Any] = {"block_size": plan.block_size}
     if plan.model == "kvgate-tiny-llama":
         model["tokenizer"] = str(ensure_tokenizer())
-    env = {"KVGATE_MODELS": json.dumps({plan.model: model})}
+    # The load generator compares predicted with served cached tokens.
+    env = {"KVGATE_MODELS": json.dumps({plan.model: model}), "KVGATE_EXPOSE_PREDICTIONS": "true"}
     if not plan.pods_url:
         # Configure kv-aware with the simulated hardware's numbers, as a user would
         # configure it for theirs (calibration then only has to fine-tune).

@@ -42,6 +42,17 @@ def wait_ready(base_url: str, timeout: float = 30.0) -> None:
     raise TimeoutError(f"{base_url}/ready not 200 within {timeout}s")
 
 
+class GatewayURL(str):
+    """The gateway's base URL (a plain ``str``), carrying its admin listener's URL."""
+
+    admin: str
+
+    def __new__(cls, url: str, admin: str) -> GatewayURL:
+        obj = super().__new__(cls, url)
+        obj.admin = admin
+        return obj
+
+
 @contextlib.contextmanager
 def run_gateway(
     pods: list[tuple[str, str]],
@@ -49,22 +60,24 @@ def run_gateway(
     extra_args: list[str] | None = None,
     env: dict[str, str] | None = None,
     ready: bool = True,
-) -> Iterator[str]:
-    """Start ``kvgate serve`` in front of ``pods`` ((name, url) pairs); yield its URL.
+) -> Iterator[GatewayURL]:
+    """Start ``kvgate serve`` in front of ``pods`` ((name, url) pairs); yield its URL
+    (``.admin``: the admin listener's, on loopback).
 
     ``pods`` entries may carry extra pod options after the URL, e.g.
     ``("a", "http://127.0.0.1:8001,events=tcp://127.0.0.1:5557")``.
     """
-    port = free_port()
+    port, admin_port = free_port(), free_port()
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1"]
-    cmd += ["--port", str(port), "--strategy", strategy, "--log-level", "warning"]
+    cmd += ["--port", str(port), "--admin-port", str(admin_port)]
+    cmd += ["--strategy", strategy, "--log-level", "warning"]
     for name, url in pods:
         cmd += ["--pod", f"{name}={url}"]
     cmd += extra_args or []
     log = tempfile.NamedTemporaryFile(prefix="kvgate-gw-", suffix=".log", delete=False)
     full_env = {**os.environ, "KVGATE_HEALTH__INTERVAL_S": "0.5", **(env or {})}
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env)
-    base = f"http://127.0.0.1:{port}"
+    base = GatewayURL(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}")
     try:
         wait_http(f"{base}/health", proc=proc)
         if ready:

@@ -1,7 +1,13 @@
-"""Admin endpoints: KV events over HTTP and index inspection (``kvgate index``).
+"""The admin app: KV events over HTTP, index inspection (``kvgate index``), metrics.
 
-Module-level handlers of the request, like ``gateway.app``'s; a ``GatewayError``
-raised here becomes an OpenAI-shaped error through the app's handler.
+It is served on its own listener (``admin.host``/``admin.port``, loopback by default),
+never on the serving port, and only admin keys open it (``admin.api_keys``; with none
+configured the listener must be on loopback, which ``Settings`` enforces). A pod may
+post its own events with its ``events_key``. Client keys open nothing here: the index
+tells what is cached, so it is an oracle for other tenants' prompts.
+
+Handlers are module-level functions of the request, like ``gateway.app``'s; a
+``GatewayError`` raised here becomes an OpenAI-shaped error.
 """
 
 from __future__ import annotations
@@ -10,40 +16,60 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
-from gateway.auth import require_client_key
+from gateway.auth import bearer_token, key_matches
 from gateway.errors import GatewayError
+from gateway.http_limits import read_limited
 from gateway.openai_body import parse_body
 from kvindex.events.http_ingest import BadEventsBody
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
-
     from gateway.state import Gateway
 
 
-def add_admin_routes(app: FastAPI) -> None:
-    app.router.add_route("/admin/kv-events", kv_events, methods=["POST"])
-    app.router.add_route("/admin/index/stats", index_stats, methods=["GET"])
-    app.router.add_route("/admin/index/lookup", index_lookup, methods=["POST"])
+def admin_routes() -> list[Route]:
+    return [
+        Route("/admin/kv-events", kv_events, methods=["POST"]),
+        Route("/admin/index/stats", index_stats, methods=["GET"]),
+        Route("/admin/index/lookup", index_lookup, methods=["POST"]),
+    ]
+
+
+def _gateway(request: Request) -> Gateway:
+    gw: Gateway = request.app.state.gw
+    return gw
 
 
 def _admin(request: Request) -> Gateway:
-    gw: Gateway = request.app.state.gw
-    require_client_key(request.headers, gw.settings.api_keys)
+    """The gateway, once the caller holds an admin key (or none is configured: loopback)."""
+    gw = _gateway(request)
+    keys = gw.settings.admin.api_keys
+    if keys and not key_matches(bearer_token(request.headers), keys):
+        raise GatewayError(401, "missing or invalid admin key", code="invalid_api_key")
     return gw
+
+
+async def _body(request: Request, gw: Gateway) -> bytes:
+    return await read_limited(
+        request, gw.settings.admin.max_body_bytes, gw.settings.timeouts.client_body_s
+    )
 
 
 async def kv_events(request: Request) -> Response:
     """Events in vLLM's batch schema (msgpack or JSON) for pods without ZMQ.
 
-    The pod is named by ``?pod=NAME`` or the ``x-kvgate-pod`` header."""
-    gw = _admin(request)
+    The pod is named by ``?pod=NAME`` or the ``x-kvgate-pod`` header. An admin key, or
+    that pod's own ``events_key``, may post them."""
+    gw = _gateway(request)
     name = request.query_params.get("pod") or request.headers.get("x-kvgate-pod")
     pod = gw.registry.get(name or "")
+    events_key = pod.config.events_key if pod is not None else None
+    if not (events_key and key_matches(bearer_token(request.headers), [events_key])):
+        _admin(request)
     if pod is None:
-        raise GatewayError(404, f"unknown pod {name!r}", param="pod")
-    body = await request.body()
+        raise GatewayError(404, f"unknown pod {str(name)[:200]!r}", param="pod")
+    body = await _body(request, gw)
     try:
         applied = await gw.kv.ingest_http(pod, body, request.headers.get("content-type", ""))
     except (BadEventsBody, ValueError) as exc:
@@ -69,11 +95,14 @@ async def index_stats(request: Request) -> Response:
 async def index_lookup(request: Request) -> Response:
     """Which pods and tiers hold how many blocks of a prompt (chat or completion)."""
     gw = _admin(request)
-    raw = await request.body()
+    raw = await _body(request, gw)
     probe = parse_body(raw, "tokenize")
     kind = "chat" if "messages" in probe.body else "completions"
     parsed = parse_body(raw, kind)
     model = parsed.model or ""
+    if model not in gw.registry.known_models():  # no metric series or tokenizer per guess
+        raise GatewayError(404, f"unknown model {model[:200]!r}", param="model",
+                           code="model_not_found")  # fmt: skip
     answer = await gw.kv.lookup(parsed, model, gw.registry.healthy_for(model))
     if answer is None:
         raise GatewayError(400, f"cannot tokenize this prompt for model {model!r}")

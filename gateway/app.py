@@ -1,9 +1,10 @@
-"""The HTTP application: OpenAI endpoints, health, readiness, metrics, and admin routes.
+"""The HTTP applications: the serving app (OpenAI endpoints, health, readiness, metrics)
+and the admin app (``gateway.admin``), served on separate listeners (``gateway.server``).
 
 Handlers are module-level functions of the request; everything they use is the
-``Gateway`` that ``gateway.state.running_gateway`` builds in the app's lifespan and
-leaves on ``request.app.state.gw``. Client credentials are checked here, before a
-handler does any work; the proxy only forwards.
+``Gateway`` that ``gateway.state.running_gateway`` builds in the serving app's lifespan
+and leaves on ``request.app.state.gw`` of both apps. Client credentials are checked
+here, before a handler does any work; the proxy only forwards.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -18,7 +20,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from gateway.admin import add_admin_routes
+from gateway.admin import admin_routes
 from gateway.auth import require_client_key
 from gateway.config import Settings
 from gateway.errors import GatewayError
@@ -40,19 +42,19 @@ def create_app(settings: Settings) -> FastAPI:
     metrics = GatewayMetrics(prometheus)
     core = build_routing(settings)  # a bad strategy name or option fails here
 
+    admin = _bare_app()
+    for route in admin_routes():
+        admin.router.routes.append(route)
+    admin.router.add_route("/metrics", metrics_endpoint, methods=["GET"])
+    admin.router.add_route("/health", health, methods=["GET"])
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with running_gateway(settings, core, prometheus, metrics) as gw:
-            app.state.gw = gw
+            app.state.gw = admin.state.gw = gw
             yield
 
-    # No OpenAPI schema or docs: the proxied routes take raw bodies, and the schema
-    # would only advertise the admin surface.
-    app = FastAPI(
-        title="kvgate", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None
-    )
-    app.add_exception_handler(GatewayError, _gateway_error)
-    app.add_exception_handler(HTTPException, _http_error)
+    app = _bare_app(lifespan)
     # Plain Starlette routes: they take the raw request and need none of FastAPI's
     # parameter resolution, which costs time on the hot path.
     for path, kind in PROXIED:
@@ -60,8 +62,20 @@ def create_app(settings: Settings) -> FastAPI:
     app.router.add_route("/v1/models", list_models, methods=["GET"])
     app.router.add_route("/health", health, methods=["GET"])
     app.router.add_route("/ready", ready, methods=["GET"])
-    app.router.add_route("/metrics", metrics_endpoint, methods=["GET"])
-    add_admin_routes(app)
+    if not settings.admin.metrics:
+        app.router.add_route("/metrics", metrics_endpoint, methods=["GET"])
+    app.state.admin_app = admin  # served on the admin listener by gateway.server
+    return app
+
+
+def _bare_app(lifespan: Any = None) -> FastAPI:
+    # No OpenAPI schema or docs: the routes take raw bodies, and a schema would only
+    # advertise the surface.
+    app = FastAPI(
+        title="kvgate", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None
+    )
+    app.add_exception_handler(GatewayError, _gateway_error)
+    app.add_exception_handler(HTTPException, _http_error)
     return app
 
 

@@ -22,6 +22,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", type=Path, help="YAML settings file")
     p.add_argument("--host", help="listen address (default 0.0.0.0)")
     p.add_argument("--port", type=int, help="listen port (default 8000)")
+    p.add_argument("--admin-port", type=int, help="admin listener port on loopback (default 8001)")
     p.add_argument(
         "--pod",
         action="append",
@@ -36,10 +37,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from gateway.app import create_app
     from gateway.config import load_settings
+    from gateway.server import serve
 
     overrides: dict[str, Any] = {
         "host": args.host,
@@ -48,21 +47,15 @@ def _serve(args: argparse.Namespace) -> int:
         "max_body_bytes": args.max_body_bytes,
         "log_level": args.log_level,
     }
+    if args.admin_port is not None:
+        overrides["admin"] = {"port": args.admin_port}
     if args.pods:
         overrides["pods"] = [parse_pod_flag(p) for p in args.pods]
     settings = load_settings(args.config, **overrides)
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        loop="uvloop",
-        http="httptools",
-        log_level=settings.log_level.lower(),
-        access_log=False,
-    )
+    serve(settings)
     return 0
 
 

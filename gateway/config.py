@@ -9,10 +9,12 @@ environment < command-line flags. Nested fields use ``__`` in env names
 from __future__ import annotations
 
 import contextvars
+import ipaddress
+import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -35,7 +37,9 @@ class PodConfig(BaseModel):
     kv_events: str | None = None  # e.g. tcp://10.0.0.5:5557 (vLLM's ZMQ PUB)
     kv_replay: str | None = None  # e.g. tcp://10.0.0.5:5558 (vLLM's replay ROUTER)
     dp_ranks: int = 1  # data-parallel rank r publishes on port + r
-    api_key: str | None = None  # replaces the client's Authorization upstream
+    api_key: str | None = None  # sent upstream as the Authorization; never the client's key
+    # This pod's own credential for POST /admin/kv-events (events for itself only).
+    events_key: str | None = None
 
     @field_validator("url")
     @classmethod
@@ -62,6 +66,8 @@ def parse_pod_flag(spec: str) -> PodConfig:
             fields["models"] = [m for m in value.split("|") if m]
         elif key == "api_key":
             fields["api_key"] = value
+        elif key == "events_key":
+            fields["events_key"] = value
         elif key == "dp_ranks":
             fields["dp_ranks"] = int(value)
         else:
@@ -71,8 +77,50 @@ def parse_pod_flag(spec: str) -> PodConfig:
 
 class Timeouts(BaseModel):
     connect_s: float = 2.0
-    first_byte_s: float = 120.0  # includes queueing and prefill upstream
-    total_s: float = 900.0
+    first_byte_s: float = 120.0  # arrival to the pod's first body byte: queueing and prefill
+    total_s: float = 900.0  # arrival to the last byte
+    tokenize_s: float = 5.0  # one engine /tokenize call (then the next pod is asked)
+    client_headers_s: float = 10.0  # a client's request line and headers must arrive within
+    client_body_s: float = 30.0  # ... and its body (slow clients get 408, not a held slot)
+
+    @model_validator(mode="after")
+    def _first_byte_within_total(self) -> Timeouts:
+        if self.first_byte_s > self.total_s:
+            raise ValueError("timeouts.first_byte_s must not exceed timeouts.total_s")
+        return self
+
+
+class AdminSettings(BaseModel):
+    """The operator's listener: KV-event ingest, index inspection, optionally metrics.
+
+    It is a socket of its own, so the serving port never routes to it; loopback by
+    default (the pod itself, a sidecar, ``kubectl port-forward``). Client API keys
+    never open it: on any other address ``api_keys`` (admin keys) are required."""
+
+    host: str = "127.0.0.1"
+    port: int | None = 8001  # None: no admin listener
+    api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    max_body_bytes: int = 16 * 1024 * 1024  # an event body above this is refused (413)
+    metrics: bool = False  # serve /metrics here instead of on the serving listener
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, v: Any) -> Any:
+        return _split_list(v)
+
+
+class TenantIsolation(BaseModel):
+    """Per-tenant ``cache_salt``, so tenants never share KV cache (vLLM's or the index's).
+
+    The tenant is the client's API key (``source: api_key``) or a header set by a
+    trusted front proxy (``source: header``). The salt is an HMAC of the tenant (and of
+    a salt the client sent, if any) under ``secret``: unguessable, and equal on every
+    gateway replica that shares the secret."""
+
+    enabled: bool = False
+    source: Literal["api_key", "header"] = "api_key"
+    header: str = "x-tenant-id"
+    secret: str | None = None  # required when enabled; the same on every replica
 
 
 class HealthSettings(BaseModel):
@@ -149,7 +197,13 @@ class Settings(BaseSettings):
     session_header: str = "x-session-id"  # session strategy: header first ...
     session_body_field: str = "user"  # ... then this body field
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    admin: AdminSettings = Field(default_factory=AdminSettings)
+    tenant_isolation: TenantIsolation = Field(default_factory=TenantIsolation)
+    # x-kvgate-predicted-* response headers for every client; off, only callers with an
+    # admin key (header x-kvgate-admin-key) get them: they reveal what is cached.
+    expose_predictions: bool = False
     max_body_bytes: int = 8 * 1024 * 1024
+    max_header_bytes: int = 64 * 1024  # request line + headers; above: 431
     timeouts: Timeouts = Field(default_factory=Timeouts)
     health: HealthSettings = Field(default_factory=HealthSettings)
     retry: RetrySettings = Field(default_factory=RetrySettings)
@@ -160,22 +214,33 @@ class Settings(BaseSettings):
     @field_validator("api_keys", mode="before")
     @classmethod
     def _split_keys(cls, v: Any) -> Any:
-        if isinstance(v, str):
-            v = v.strip()
-            if v.startswith("["):
-                import json
+        return _split_list(v)
 
-                return json.loads(v)
-            return [k.strip() for k in v.split(",") if k.strip()]
-        return v
+    @model_validator(mode="after")
+    def _secure_defaults(self) -> Settings:
+        admin = self.admin
+        if admin.port is not None and not _is_loopback(admin.host) and not admin.api_keys:
+            raise ValueError(
+                f"admin.host {admin.host!r} is reachable from the network: "
+                "set admin.api_keys (admin keys, not client keys) or keep it on loopback"
+            )
+        if admin.port is not None and admin.port == self.port:
+            raise ValueError("admin.port must differ from port")
+        overlap = set(admin.api_keys) & set(self.api_keys)
+        if overlap:
+            raise ValueError("an admin key must not also be a client key")
+        iso = self.tenant_isolation
+        if iso.enabled and not iso.secret:
+            raise ValueError("tenant_isolation.enabled needs tenant_isolation.secret")
+        if iso.enabled and iso.source == "api_key" and not self.api_keys:
+            raise ValueError("tenant_isolation.source 'api_key' needs api_keys")
+        return self
 
     @field_validator("pods", mode="before")
     @classmethod
     def _pods_from_strings(cls, v: Any) -> Any:
         if isinstance(v, str):
             if v.strip().startswith("["):
-                import json
-
                 v = json.loads(v)
             else:  # whitespace-separated pod flags
                 v = v.split()
@@ -197,6 +262,25 @@ class Settings(BaseSettings):
         if path is not None:
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
         return tuple(sources)
+
+
+def _split_list(v: Any) -> Any:
+    """A list from JSON (``["a","b"]``) or a comma-separated string (``a,b``)."""
+    if isinstance(v, str):
+        v = v.strip()
+        if v.startswith("["):
+            return json.loads(v)
+        return [k.strip() for k in v.split(",") if k.strip()]
+    return v
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:

@@ -29,7 +29,7 @@ from kvindex.memory_store import MemoryStore
 from kvindex.metrics import IndexMetrics
 from kvindex.store import IndexStore
 from kvindex.tokenization.engine import EngineTokenizer
-from kvindex.tokenization.front import Tokenization
+from kvindex.tokenization.front import Tokenization, TokenizationError
 from kvindex.tokenization.local import LocalTokenizer, UnsupportedPrompt
 from routing.core import IndexAnswer
 
@@ -40,6 +40,7 @@ log = logging.getLogger("kvgate.kv")
 # pending, new ones are dropped (the local view still has them): a slow Redis must not
 # grow a task per request without bound.
 MAX_PENDING_SPECULATIONS = 1024
+TOKENIZE_ATTEMPTS = 2  # pods asked for /tokenize before routing by load alone
 
 
 def build_store(settings: Settings, prometheus: CollectorRegistry) -> IndexStore:
@@ -137,7 +138,10 @@ class KvIndex:
         eng = self._engines.get(pod.name)
         if eng is None:
             eng = self._engines[pod.name] = EngineTokenizer(
-                pod.url, client=self._client, api_key=pod.config.api_key
+                pod.url,
+                client=self._client,
+                timeout_s=self._s.timeouts.tokenize_s,
+                api_key=pod.config.api_key,
             )
         return eng
 
@@ -150,7 +154,7 @@ class KvIndex:
         salt = parsed.body.get("cache_salt")
         salt = salt if isinstance(salt, str) and salt else None
         try:
-            token_ids = await self._tokens(parsed, model, pods)
+            token_ids = await self._tokens_with_failover(parsed, model, pods)
             if token_ids is None:
                 return None
             keys = self.keyer(model).keys_for(token_ids, None, salt)
@@ -161,11 +165,28 @@ class KvIndex:
         match = await self.store.match(keys, self.block_size(model))
         return IndexAnswer(len(token_ids), keys, match)
 
-    async def _tokens(self, parsed: ParsedRequest, model: str, pods: list[Pod]) -> list[int] | None:
-        tok = self.tokenization(model)
+    async def _tokens_with_failover(
+        self, parsed: ParsedRequest, model: str, pods: list[Pod]
+    ) -> list[int] | None:
+        """``_tokens``, asking the next pod's ``/tokenize`` when one fails or times out
+        (each call is bounded by ``timeouts.tokenize_s``): one pod whose tokenizer hangs
+        must not hang the requests that happen to be sent to it."""
         # Spread engine-mode tokenization over the pods rather than loading the first.
         self._rotation += 1
-        engine = self._engine_for(pods[self._rotation % len(pods)]) if pods else None
+        turns = [pods[(self._rotation + i) % len(pods)] for i in range(len(pods))] or [None]
+        for i, pod in enumerate(turns[:TOKENIZE_ATTEMPTS]):
+            engine = self._engine_for(pod) if pod is not None else None
+            try:
+                return await self._tokens(parsed, model, engine)
+            except TokenizationError:
+                if i + 1 >= min(len(turns), TOKENIZE_ATTEMPTS):
+                    raise
+        return None
+
+    async def _tokens(
+        self, parsed: ParsedRequest, model: str, engine: EngineTokenizer | None
+    ) -> list[int] | None:
+        tok = self.tokenization(model)
         body = parsed.body
         if parsed.kind == "chat":
             return await tok.chat(

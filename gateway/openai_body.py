@@ -36,7 +36,9 @@ class ParsedRequest:
         return self.body.get("prompt")
 
     def approx_prompt_chars(self) -> int:
-        """Cheap size estimate for load accounting before real tokenization exists."""
+        """Cheap size estimate for load accounting before real tokenization exists.
+
+        Only reads shapes ``parse_body`` has validated (text parts carry strings)."""
         if self.messages is not None:
             total = 0
             for m in self.messages:
@@ -44,7 +46,9 @@ class ParsedRequest:
                 if isinstance(c, str):
                     total += len(c)
                 elif isinstance(c, list):
-                    total += sum(len(p.get("text", "")) for p in c if isinstance(p, dict))
+                    for p in c:
+                        text = p.get("text") if isinstance(p, dict) else None
+                        total += len(text) if isinstance(text, str) else 0
             return total
         p = self.prompt
         if isinstance(p, str):
@@ -67,6 +71,8 @@ def parse_body(raw: bytes, kind: Kind) -> ParsedRequest:
         body = _json.decode(raw)
     except msgspec.DecodeError as exc:
         raise _bad(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:  # msgspec's decoder recurses per nesting level
+        raise _bad("request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise _bad("request body must be a JSON object")
     model = body.get("model")
@@ -96,8 +102,29 @@ def _check_messages(messages: Any) -> None:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise _bad(f"messages[{i}] must be an object with a string 'role'", "messages")
         content = m.get("content")
-        if content is not None and not isinstance(content, str | list):
+        if content is None or isinstance(content, str):
+            continue
+        if not isinstance(content, list):
             raise _bad(f"messages[{i}].content must be a string or an array", "messages")
+        for j, part in enumerate(content):
+            _check_part(part, f"messages[{i}].content[{j}]")
+
+
+def _check_part(part: Any, where: str) -> None:
+    """A content part is an object with a string ``type``; a text part's ``text`` is a
+    string (OpenAI's schema; vLLM answers 400 to anything else too)."""
+    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+        raise _bad(f"{where} must be an object with a string 'type'", "messages")
+    if part["type"] == "text" and not isinstance(part.get("text"), str):
+        raise _bad(f"{where}.text must be a string", "messages")
+
+
+# Token ids are keyed as uint32; anything outside cannot be a vocabulary entry.
+_TOKEN_ID_LIMIT = 1 << 32
+
+
+def _is_token_id(x: Any) -> bool:
+    return type(x) is int and 0 <= x < _TOKEN_ID_LIMIT
 
 
 def _check_prompt(prompt: Any) -> None:
@@ -106,8 +133,12 @@ def _check_prompt(prompt: Any) -> None:
     if isinstance(prompt, list) and prompt:
         if all(isinstance(x, str) for x in prompt):
             return
-        if all(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
+        if all(type(x) is int for x in prompt):
+            if not all(_is_token_id(x) for x in prompt):
+                raise _bad("token ids in 'prompt' must be integers in [0, 2^32)", "prompt")
             return
-        if all(isinstance(x, list) and all(isinstance(t, int) for t in x) for x in prompt):
+        if all(isinstance(x, list) and x and all(type(t) is int for t in x) for x in prompt):
+            if not all(_is_token_id(t) for x in prompt for t in x):
+                raise _bad("token ids in 'prompt' must be integers in [0, 2^32)", "prompt")
             return
     raise _bad("'prompt' must be a string, an array of strings, or an array of token ids", "prompt")

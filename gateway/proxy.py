@@ -1,67 +1,67 @@
-"""Forwarding OpenAI requests to the chosen pod: retries, streaming, accounting.
+"""Forwarding OpenAI requests to the chosen pod: retries, streaming, timeouts, accounting.
 
-Rules (DESIGN.md, request lifecycle):
-- load is counted at dispatch and released in ``finally``;
+Rules (the request lifecycle):
+- load is counted at dispatch and released exactly once however the request ends;
 - a connect error, a 5xx or a dropped connection before the first body byte is
   retried on another pod (bounded attempts, exponential backoff); after the first
   byte reached the client, a failure becomes one SSE error event and the stream
   closes;
-- the client's bytes go upstream untouched and the pod's bytes come back chunk by
-  chunk; a client that disconnects cancels the upstream request.
+- deadlines run from arrival: the pod's first body byte within ``first_byte_s``,
+  the whole answer within ``total_s``; a pod that misses one answers 504 and, like a
+  connect error, counts toward its ejection (a pod that hangs is taken out);
+- the client's bytes go upstream untouched (unless tenant isolation sets the salt)
+  and the pod's bytes come back chunk by chunk; a client that disconnects, before or
+  during the answer, cancels the upstream request.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import logging
+import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 import httpx
-import msgspec
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from gateway.accounting import (
+    USAGE_TAIL_BYTES,
+    Accounting,
+    Attempt,
+    usage_from_json,
+    usage_from_sse,
+)
+from gateway.auth import key_matches
 from gateway.config import Settings
 from gateway.errors import GatewayError, sse_error_event
+from gateway.http_limits import read_limited
 from gateway.metrics import GatewayMetrics
 from gateway.openai_body import Kind, ParsedRequest, parse_body
 from gateway.pods import Pod, PodRegistry
 from gateway.router import Router
-from routing.core import Routed
-from routing.types import Outcome
+from gateway.tenancy import Tenancy
 
 log = logging.getLogger("kvgate.proxy")
 
 _PASS_RESPONSE_HEADERS = ("content-type",)
-_USAGE_TAIL_BYTES = 16 * 1024
+# A client's x-request-id is echoed and forwarded only if it is short and plain.
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+CLIENT_CLOSED = 499  # nginx's "client closed request"
 
 
-class _Retryable(Exception):
-    def __init__(self, error: GatewayError, cause: str) -> None:
+class _PodFailure(Exception):
+    """The pod failed this attempt before the client saw a byte of the answer."""
+
+    def __init__(self, error: GatewayError, cause: str, *, retry: bool = True) -> None:
         super().__init__(error.message)
         self.error = error
         self.cause = cause
-
-
-@dataclass(slots=True)
-class _Attempt:
-    """Everything the finishing code needs about one dispatched request."""
-
-    pod: Pod
-    routed: Routed  # the routing core's record: decision, strategy, held load
-    arrived: float
-    model: str
-    ttft_s: float | None = None
-    recorded: bool = False
-
-    @property
-    def strategy(self) -> str:
-        return self.routed.strategy.name
+        self.retry = retry  # a timeout is not retried: the pod may still be working on it
 
 
 class _GuardedStream(StreamingResponse):
@@ -83,6 +83,14 @@ class _GuardedStream(StreamingResponse):
             await self._on_close()
 
 
+def client_request_id(headers: Any) -> str:
+    """The client's ``x-request-id`` if it is short and plain, else a fresh one."""
+    given = headers.get("x-request-id")
+    if given and _REQUEST_ID.fullmatch(given):
+        return str(given)
+    return uuid.uuid4().hex
+
+
 class Proxy:
     def __init__(
         self,
@@ -97,7 +105,10 @@ class Proxy:
         self._registry = registry
         self._router = router
         self._metrics = metrics
+        self._accounting = Accounting(metrics, router)
+        self._tenancy = Tenancy(settings.tenant_isolation)
         t = settings.timeouts
+        # Per socket operation; the deadlines from arrival are enforced around them.
         self._timeout = httpx.Timeout(
             connect=t.connect_s, read=t.first_byte_s, write=t.first_byte_s, pool=t.connect_s
         )
@@ -107,18 +118,32 @@ class Proxy:
     async def handle(self, request: Request, kind: Kind) -> Response:
         """Answer one OpenAI request (the caller has checked the client's credentials)."""
         arrived = time.perf_counter()
-        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        request_id = client_request_id(request.headers)
         headers = {"x-request-id": request_id}
         model = ""
         try:
-            raw = await read_limited(request, self._s.max_body_bytes)
+            raw = await read_limited(
+                request, self._s.max_body_bytes, self._s.timeouts.client_body_s
+            )
             parsed = parse_body(raw, kind)
+            self._tenancy.apply(parsed, request.headers)
             model = self._resolve_model(parsed)
-            return await self._dispatch(request, parsed, model, request_id, arrived)
+            attempts: list[Attempt] = []
+            response = await _unless_client_leaves(
+                request, self._dispatch(request, parsed, model, request_id, arrived, attempts)
+            )
+            if response is None:  # the client left before an answer started
+                if not any(a.recorded for a in attempts):
+                    self._count_unrouted(model, CLIENT_CLOSED)
+                return Response(status_code=CLIENT_CLOSED)
+            return response
         except GatewayError as err:
-            strategy = self._router.strategy_for(model).name if model else ""
-            self._metrics.requests.labels(model, "", strategy, str(err.status)).inc()
+            self._count_unrouted(model, err.status)
             return err.response(headers)
+
+    def _count_unrouted(self, model: str, status: int) -> None:
+        strategy = self._router.strategy_for(model).name if model else ""
+        self._metrics.requests.labels(model, "", strategy, str(status)).inc()
 
     def _resolve_model(self, parsed: ParsedRequest) -> str:
         known = self._registry.known_models()
@@ -131,7 +156,7 @@ class Proxy:
             listing = ", ".join(sorted(known)) or "none yet"
             raise GatewayError(
                 404,
-                f"The model '{model}' does not exist. Known models: {listing}",
+                f"The model '{model[:200]}' does not exist. Known models: {listing}",
                 param="model",
                 code="model_not_found",
             )
@@ -140,7 +165,13 @@ class Proxy:
     # -- dispatch with retries --
 
     async def _dispatch(
-        self, request: Request, parsed: ParsedRequest, model: str, request_id: str, arrived: float
+        self,
+        request: Request,
+        parsed: ParsedRequest,
+        model: str,
+        request_id: str,
+        arrived: float,
+        attempts: list[Attempt],
     ) -> Response:
         req, answer = await self._router.prepare(
             parsed, model, request_id, request.headers, self._registry.healthy_for(model)
@@ -155,19 +186,26 @@ class Proxy:
             routed = self._router.route(req, candidates, answer)
             pod = next(p for p in candidates if p.name == routed.pod)
             tried.add(pod.name)
-            attempt = _Attempt(pod, routed, arrived, model)
+            attempt = Attempt(pod, routed, arrived, model)
+            attempts.append(attempt)
             handed_off = False
             try:
                 response = await self._attempt(request, parsed, attempt, request_id)
                 handed_off = isinstance(response, _GuardedStream)
                 return response
-            except _Retryable as exc:
+            except _PodFailure as exc:
                 last_error = exc.error
-                self._metrics.retries.labels(model, exc.cause).inc()
                 await self._registry.request_failed(pod)
+                if not exc.retry:
+                    self._accounting.record(attempt, exc.error.status, None)
+                    raise exc.error from None
+                self._metrics.retries.labels(model, exc.cause).inc()
                 log.warning("pod %s failed before first byte (%s); retrying", pod.name, exc.cause)
                 await asyncio.sleep(backoff)
                 backoff *= 2
+            except asyncio.CancelledError:  # the client left: not the pod's fault
+                self._accounting.record(attempt, CLIENT_CLOSED, None)
+                raise
             finally:
                 if not handed_off:
                     self._router.finish(routed, None)  # no-op once recorded
@@ -176,13 +214,14 @@ class Proxy:
         raise GatewayError(503, f"no healthy pod serves model '{model}'", code="no_healthy_pod")
 
     async def _attempt(
-        self, request: Request, parsed: ParsedRequest, a: _Attempt, request_id: str
+        self, request: Request, parsed: ParsedRequest, a: Attempt, request_id: str
     ) -> Response:
-        upstream = await self._open(request, parsed, a.pod, request_id)
-        headers = self._response_headers(upstream, a, request_id)
+        first_byte_by = self._deadline(a, self._s.timeouts.first_byte_s)
+        upstream = await self._open(request, parsed, a, request_id, first_byte_by)
+        headers = self._response_headers(request, upstream, a, request_id)
         if upstream.status_code >= 500:
             body = await _read_quietly(upstream)
-            raise _Retryable(
+            raise _PodFailure(
                 GatewayError(502, f"pod '{a.pod.name}' returned {upstream.status_code}: {body}"),
                 f"status_{upstream.status_code}",
             )
@@ -190,15 +229,16 @@ class Proxy:
             return await self._buffered(upstream, a, headers)
         it = upstream.aiter_raw().__aiter__()
         try:
-            first = await it.__anext__()
+            async with asyncio.timeout_at(first_byte_by):
+                first = await it.__anext__()
         except StopAsyncIteration:
             first = b""
-        except httpx.TimeoutException:
+        except (TimeoutError, httpx.TimeoutException):
             await upstream.aclose()
-            raise GatewayError(504, f"pod '{a.pod.name}' sent no first byte in time") from None
+            raise self._timed_out(a, "sent no first byte in time") from None
         except httpx.HTTPError as exc:
             await upstream.aclose()
-            raise _Retryable(
+            raise _PodFailure(
                 GatewayError(502, f"pod '{a.pod.name}' failed: {exc!r}"), "dropped"
             ) from None
         a.ttft_s = time.perf_counter() - a.arrived
@@ -211,14 +251,11 @@ class Proxy:
         )
 
     async def _open(
-        self, request: Request, parsed: ParsedRequest, pod: Pod, request_id: str
+        self, request: Request, parsed: ParsedRequest, a: Attempt, request_id: str, by: float
     ) -> httpx.Response:
+        pod = a.pod
         headers = {"content-type": "application/json", "x-request-id": request_id}
-        auth = (
-            f"Bearer {pod.config.api_key}"
-            if pod.config.api_key
-            else request.headers.get("authorization")
-        )
+        auth = self._upstream_auth(request, pod)
         if auth:
             headers["authorization"] = auth
         upstream_req = self._client.build_request(
@@ -229,49 +266,66 @@ class Proxy:
             timeout=self._timeout,
         )
         try:
-            return await self._client.send(upstream_req, stream=True)
+            async with asyncio.timeout_at(by):
+                return await self._client.send(upstream_req, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            raise _Retryable(
+            raise _PodFailure(
                 GatewayError(502, f"cannot connect to pod '{pod.name}': {exc!r}"), "connect"
             ) from None
         except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
-            raise _Retryable(
+            raise _PodFailure(
                 GatewayError(502, f"pod '{pod.name}' dropped the connection: {exc!r}"), "dropped"
             ) from None
-        except httpx.TimeoutException:
-            raise GatewayError(504, f"pod '{pod.name}' did not answer in time") from None
+        except (TimeoutError, httpx.TimeoutException):
+            raise self._timed_out(a, "did not answer in time") from None
+
+    def _upstream_auth(self, request: Request, pod: Pod) -> str | None:
+        """The pod's own key; the client's header only when it is not a gateway key."""
+        if pod.config.api_key:
+            return f"Bearer {pod.config.api_key}"
+        if self._s.api_keys:
+            return None  # the client's credential is the gateway's, never forwarded
+        return request.headers.get("authorization")
 
     def _response_headers(
-        self, upstream: httpx.Response, a: _Attempt, request_id: str
+        self, request: Request, upstream: httpx.Response, a: Attempt, request_id: str
     ) -> dict[str, str]:
         headers = {k: upstream.headers[k] for k in _PASS_RESPONSE_HEADERS if k in upstream.headers}
         headers["x-request-id"] = request_id
         headers["x-kvgate-pod"] = a.pod.name
         headers["x-kvgate-strategy"] = a.strategy
         d = a.routed.decision
-        if d.predicted_ttft_s is not None:
+        if d.predicted_ttft_s is not None and self._may_see_predictions(request):
             headers["x-kvgate-predicted-ttft-ms"] = f"{d.predicted_ttft_s * 1000:.1f}"
             headers["x-kvgate-predicted-cached-tokens"] = str(d.predicted_cached_tokens)
         return headers
 
+    def _may_see_predictions(self, request: Request) -> bool:
+        """Predictions say what is cached: every client when enabled, else admin callers."""
+        if self._s.expose_predictions:
+            return True
+        admin_keys = self._s.admin.api_keys
+        return bool(admin_keys) and key_matches(request.headers.get("x-kvgate-admin-key"),
+                                                admin_keys)  # fmt: skip
+
     # -- bodies --
 
     async def _buffered(
-        self, upstream: httpx.Response, a: _Attempt, headers: dict[str, str]
+        self, upstream: httpx.Response, a: Attempt, headers: dict[str, str]
     ) -> Response:
         try:
-            async with asyncio.timeout(self._remaining(a)):
+            async with asyncio.timeout_at(self._deadline(a, self._s.timeouts.total_s)):
                 body = await upstream.aread()
         except (TimeoutError, httpx.TimeoutException):
-            raise GatewayError(504, f"pod '{a.pod.name}' timed out") from None
+            raise self._timed_out(a, "timed out") from None
         except httpx.HTTPError as exc:
-            raise _Retryable(
+            raise _PodFailure(
                 GatewayError(502, f"pod '{a.pod.name}' failed: {exc!r}"), "dropped"
             ) from None
         finally:
             await upstream.aclose()
         self._registry.request_succeeded(a.pod)
-        self._record(a, upstream.status_code, _usage_from_json(body))
+        self._accounting.record(a, upstream.status_code, usage_from_json(body))
         return Response(body, status_code=upstream.status_code, headers=headers)
 
     async def _relay(
@@ -279,13 +333,13 @@ class Proxy:
         first: bytes,
         it: AsyncIterator[bytes],
         upstream: httpx.Response,
-        a: _Attempt,
+        a: Attempt,
     ) -> AsyncIterator[bytes]:
-        tail = bytearray(first[-_USAGE_TAIL_BYTES:])
+        tail = bytearray(first[-USAGE_TAIL_BYTES:])
         status: int | None = None  # stays None if the client leaves (we get cancelled)
         try:
             yield first
-            deadline = asyncio.get_running_loop().time() + self._remaining(a)
+            deadline = self._deadline(a, self._s.timeouts.total_s)
             while True:
                 try:
                     async with asyncio.timeout_at(deadline):
@@ -293,8 +347,8 @@ class Proxy:
                 except StopAsyncIteration:
                     break
                 tail += chunk
-                if len(tail) > 2 * _USAGE_TAIL_BYTES:
-                    del tail[:-_USAGE_TAIL_BYTES]
+                if len(tail) > 2 * USAGE_TAIL_BYTES:
+                    del tail[:-USAGE_TAIL_BYTES]
                 yield chunk
             status = 200
         except (TimeoutError, httpx.TimeoutException):
@@ -307,68 +361,56 @@ class Proxy:
             await upstream.aclose()
             if status == 200:
                 self._registry.request_succeeded(a.pod)
-                self._record(a, status, _usage_from_sse(bytes(tail)))
-            elif status is None:
-                self._record(a, 499, None)  # the client closed the stream: not the pod's fault
+                self._accounting.record(a, status, usage_from_sse(bytes(tail)))
+            elif status is None:  # the client closed the stream: not the pod's fault
+                self._accounting.record(a, CLIENT_CLOSED, None)
             else:
                 await self._registry.request_failed(a.pod)
-                self._record(a, status, None)
+                self._accounting.record(a, status, None)
 
-    async def _abandon(self, upstream: httpx.Response, a: _Attempt) -> None:
+    async def _abandon(self, upstream: httpx.Response, a: Attempt) -> None:
         """The client went away (or the stream ended): close upstream, release load."""
         await upstream.aclose()
-        self._record(a, 499, None)  # nginx's "client closed request"; no-op once recorded
+        self._accounting.record(a, CLIENT_CLOSED, None)  # no-op once recorded
 
-    # -- accounting --
+    # -- deadlines --
 
-    def _remaining(self, a: _Attempt) -> float:
-        return max(0.001, a.arrived + self._s.timeouts.total_s - time.perf_counter())
+    def _deadline(self, a: Attempt, seconds: float) -> float:
+        """The event loop's time at which ``seconds`` after ``a``'s arrival will have passed."""
+        left = max(0.001, a.arrived + seconds - time.perf_counter())
+        return asyncio.get_running_loop().time() + left
 
-    def _record(self, a: _Attempt, status: int, usage: dict[str, object] | None) -> None:
-        """Metrics of the finished request; releases its load and lets the strategy learn."""
-        if a.recorded:
-            return
-        a.recorded = True
-        m = self._metrics
-        m.requests.labels(a.model, a.pod.name, a.strategy, str(status)).inc()
-        m.latency.labels(a.model, a.pod.name, a.strategy).observe(time.perf_counter() - a.arrived)
-        if a.ttft_s is not None:
-            m.ttft.labels(a.model, a.pod.name, a.strategy).observe(a.ttft_s)
-        d = a.routed.decision
-        if d.predicted_ttft_s is not None:
-            for tier, n in (("L0", d.predicted_l0_tokens), ("L1", d.predicted_l1_tokens),
-                            ("L2", d.predicted_l2_tokens)):  # fmt: skip
-                m.predicted_tokens.labels(a.strategy, tier).inc(n)
-        prompt_tokens, cached = _token_counts(usage)
-        if prompt_tokens is not None:
-            cached_n = cached or 0
-            m.prompt_tokens.labels(a.model, a.pod.name, "cached").inc(cached_n)
-            m.prompt_tokens.labels(a.model, a.pod.name, "computed").inc(prompt_tokens - cached_n)
-            if d.predicted_ttft_s is not None and cached is not None:
-                m.cached_tokens_error.labels(a.strategy).observe(
-                    abs(d.predicted_cached_tokens - cached)
-                )
-                if a.ttft_s is not None:
-                    m.ttft_error.labels(a.strategy).observe(abs(d.predicted_ttft_s - a.ttft_s))
-        outcome = Outcome(
-            ok=status < 400, ttft_s=a.ttft_s, prompt_tokens=prompt_tokens, cached_tokens=cached
-        )
-        self._router.finish(a.routed, outcome)
+    @staticmethod
+    def _timed_out(a: Attempt, what: str) -> _PodFailure:
+        return _PodFailure(GatewayError(504, f"pod '{a.pod.name}' {what}"), "timeout", retry=False)
 
 
-async def read_limited(request: Request, limit: int) -> bytes:
-    """Read the body, refusing (413) as soon as it is known to exceed ``limit``."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise GatewayError(413, f"request body exceeds the {limit}-byte limit", code="too_large")
-    chunks = bytearray()
-    async for chunk in request.stream():
-        chunks += chunk
-        if len(chunks) > limit:
-            raise GatewayError(
-                413, f"request body exceeds the {limit}-byte limit", code="too_large"
-            )
-    return bytes(chunks)
+async def _unless_client_leaves(
+    request: Request, work: Coroutine[Any, Any, Response]
+) -> Response | None:
+    """Run ``work`` until it answers; cancel it (and return None) if the client leaves.
+
+    The body has been read, so the next ASGI message is the client's disconnect.
+    Starlette notices it only while streaming a response; before that (tokenizing,
+    waiting for a pod's first byte, reading a whole non-streamed answer) nobody would,
+    and the pod would go on computing an answer nobody reads."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_client_gone(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
+
+
+async def _client_gone(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _read_quietly(upstream: httpx.Response) -> str:
@@ -379,40 +421,3 @@ async def _read_quietly(upstream: httpx.Response) -> str:
         return "(no body)"
     finally:
         await upstream.aclose()
-
-
-def _usage_from_json(body: bytes) -> dict[str, object] | None:
-    try:
-        doc = msgspec.json.decode(body)
-    except msgspec.DecodeError:
-        return None
-    usage = doc.get("usage") if isinstance(doc, dict) else None
-    return usage if isinstance(usage, dict) else None
-
-
-def _usage_from_sse(tail: bytes) -> dict[str, object] | None:
-    """The usage object of the last SSE event carrying one (vLLM puts it last)."""
-    for event in reversed(tail.split(b"\n\n")):
-        line = event.strip()
-        if not line.startswith(b"data:") or b'"usage"' not in line:
-            continue
-        try:
-            doc = json.loads(line[5:])
-        except ValueError:
-            continue
-        usage = doc.get("usage") if isinstance(doc, dict) else None
-        if isinstance(usage, dict):
-            return usage
-    return None
-
-
-def _token_counts(usage: dict[str, object] | None) -> tuple[int | None, int | None]:
-    if not usage:
-        return None, None
-    prompt = usage.get("prompt_tokens")
-    details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return (
-        prompt if isinstance(prompt, int) else None,
-        cached if isinstance(cached, int) else None,
-    )

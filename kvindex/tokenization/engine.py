@@ -29,6 +29,7 @@ class EngineTokenizer:
         self.base_url = base_url.rstrip("/")
         self._client = client if client is not None else httpx.AsyncClient(timeout=timeout_s)
         self._owns_client = client is None
+        self._timeout_s = timeout_s  # per call, also on a shared client (whose default is long)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     async def chat(
@@ -64,8 +65,9 @@ class EngineTokenizer:
     async def _tokenize(self, body: dict[str, Any]) -> list[int]:
         try:
             resp = await self._client.post(
-                f"{self.base_url}/tokenize", json=body, headers=self._headers
-            )
+                f"{self.base_url}/tokenize", json=body, headers=self._headers,
+                timeout=self._timeout_s,
+            )  # fmt: skip
         except httpx.HTTPError as exc:
             raise EngineTokenizeError(f"/tokenize unreachable: {type(exc).__name__}") from None
         if resp.status_code != 200:

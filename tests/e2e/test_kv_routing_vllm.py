@@ -39,7 +39,7 @@ def _pods(vllm_pods: list[VllmServer]) -> list[tuple[str, str]]:
 
 def _env(tokenizer_dir) -> dict[str, str]:
     models = {MODEL_NAME: {"block_size": BLOCK_SIZE, "tokenizer": str(tokenizer_dir)}}
-    return {"KVGATE_MODELS": json.dumps(models)}
+    return {"KVGATE_MODELS": json.dumps(models), "KVGATE_EXPOSE_PREDICTIONS": "true"}
 
 
 @pytest.fixture(scope="module")

@@ -57,7 +57,9 @@ def workload() -> list[ChatRequest]:
 def warm_up(gateway: str, request: ChatRequest) -> None:
     """Load the gateway's tokenizer (seconds, once) without routing anything."""
     body = {"model": MODEL_NAME, "messages": request.messages, "cache_salt": "warm-up"}
-    assert httpx.post(f"{gateway}/admin/index/lookup", json=body, timeout=60).status_code == 200
+    assert (
+        httpx.post(f"{gateway.admin}/admin/index/lookup", json=body, timeout=60).status_code == 200
+    )
 
 
 def live(strategy: str, requests: list[ChatRequest]) -> tuple[float, float]:

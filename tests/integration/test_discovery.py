@@ -202,7 +202,7 @@ def metric(base: str, name: str, labels: str) -> float:
 
 
 def subscribers(base: str) -> set[str]:
-    return set(httpx.get(f"{base}/admin/index/stats").json()["subscribers"])
+    return set(httpx.get(f"{base.admin}/admin/index/stats").json()["subscribers"])
 
 
 @pytest.fixture()

@@ -145,13 +145,6 @@ def test_request_id_is_propagated_on_errors(dead_pod_gateway):
     assert r.headers["x-request-id"] == "req-123"
 
 
-@pytest.mark.parametrize(
-    ("method", "path"),
-    [("GET", "/v1/models"), ("GET", "/admin/index/stats"), ("POST", "/admin/kv-events?pod=dead"),
-     ("POST", "/admin/index/lookup")],
-)  # fmt: skip
-def test_models_and_admin_endpoints_need_the_api_key_too(dead_pod_gateway, method, path):
-    r = httpx.request(method, f"{dead_pod_gateway}{path}", content=b"{}")
-    assert_openai_error(r, 401)
-    ok = httpx.request(method, f"{dead_pod_gateway}{path}", content=b"[]", headers=AUTH)
-    assert ok.status_code != 401
+def test_models_endpoint_needs_the_api_key_too(dead_pod_gateway):
+    assert_openai_error(httpx.get(f"{dead_pod_gateway}/v1/models"), 401)
+    assert httpx.get(f"{dead_pod_gateway}/v1/models", headers=AUTH).status_code == 200

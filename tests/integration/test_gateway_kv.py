@@ -29,7 +29,8 @@ def _env(local_tokenizer: bool) -> dict[str, str]:
     model = {"block_size": BLOCK}
     if local_tokenizer:
         model["tokenizer"] = str(ensure_tokenizer())
-    return {"KVGATE_MODELS": json.dumps({MODEL: model})}
+    # the tests read the x-kvgate-predicted-* headers
+    return {"KVGATE_MODELS": json.dumps({MODEL: model}), "KVGATE_EXPOSE_PREDICTIONS": "true"}
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def _chat(client, system: str, question: str):
 
 def _lookup(gateway: str, messages: list[dict], **extra) -> dict:
     r = httpx.post(
-        f"{gateway}/admin/index/lookup", json={"model": MODEL, "messages": messages, **extra}
+        f"{gateway.admin}/admin/index/lookup", json={"model": MODEL, "messages": messages, **extra}
     )
     assert r.status_code == 200, r.text
     return r.json()
@@ -118,13 +119,13 @@ def test_index_lookup_shows_the_pod_that_served_a_prompt(fleet, system_prompt):
         assert _lookup(gw, messages)["pods"].get(pod) is None
 
         out = subprocess.run(
-            [sys.executable, "-m", "gateway.cli", "index", "--gateway", gw, "--json", "lookup",
+            [sys.executable, "-m", "gateway.cli", "index", "--gateway", gw.admin, "--json", "lookup",
              "--model", MODEL, "--messages", json.dumps(messages), "--cache-salt", "lk"],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
         assert json.loads(out.stdout)["pods"][pod]["l0_blocks"] == d["full_blocks"]
         stats = subprocess.run(
-            [sys.executable, "-m", "gateway.cli", "index", "--gateway", gw, "stats"],
+            [sys.executable, "-m", "gateway.cli", "index", "--gateway", gw.admin, "stats"],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
         assert pod in stats.stdout and "backend memory" in stats.stdout
@@ -162,20 +163,22 @@ def test_kv_events_over_http_are_accepted_and_garbage_is_a_400(fleet):
                  "parent_block_hash": None, "token_ids": tokens, "block_size": BLOCK,
                  "lora_id": None, "medium": "GPU", "lora_name": None}], None]  # fmt: skip
         r = httpx.post(
-            f"{gw}/admin/kv-events?pod={fleet[0].name}",
+            f"{gw.admin}/admin/kv-events?pod={fleet[0].name}",
             content=json.dumps(batch),
             headers={"content-type": "application/json"},
         )
         assert r.status_code == 200 and r.json()["applied_ops"] >= 1
-        d = httpx.post(f"{gw}/admin/index/lookup", json={"model": MODEL, "prompt": tokens}).json()
+        d = httpx.post(
+            f"{gw.admin}/admin/index/lookup", json={"model": MODEL, "prompt": tokens}
+        ).json()
         assert d["pods"][fleet[0].name]["l0_blocks"] == 2
         bad = httpx.post(
-            f"{gw}/admin/kv-events?pod={fleet[0].name}",
+            f"{gw.admin}/admin/kv-events?pod={fleet[0].name}",
             content=b"\xc1\xff garbage",
             headers={"content-type": "application/msgpack"},
         )
         assert bad.status_code == 400 and "error" in bad.json()
-        assert httpx.post(f"{gw}/admin/kv-events?pod=nope", content=b"[]").status_code == 404
+        assert httpx.post(f"{gw.admin}/admin/kv-events?pod=nope", content=b"[]").status_code == 404
 
 
 def readme_metric_names() -> set[str]:

@@ -38,7 +38,7 @@ def _metric(url: str, name: str) -> float:
 
 
 def _held_by(url: str, prompt: str) -> dict:
-    r = httpx.post(f"{url}/admin/index/lookup", json={"model": MODEL, "prompt": prompt})
+    r = httpx.post(f"{url.admin}/admin/index/lookup", json={"model": MODEL, "prompt": prompt})
     assert r.status_code == 200, r.text
     return r.json()["pods"]
 

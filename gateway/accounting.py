@@ -1,0 +1,115 @@
+"""What a finished request leaves behind: metrics, and the outcome the strategy learns from.
+
+``Attempt`` is one dispatch of one request to one pod; ``Accounting.record`` closes it
+exactly once, whichever way it ended (answered, failed, timed out, abandoned by the
+client), and hands the routing core the outcome that releases the pod's load.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import msgspec
+
+from gateway.metrics import GatewayMetrics
+from gateway.pods import Pod
+from gateway.router import Router
+from routing.core import Routed
+from routing.types import Outcome
+
+USAGE_TAIL_BYTES = 16 * 1024  # vLLM's usage chunk is the last event of a stream
+
+
+@dataclass(slots=True)
+class Attempt:
+    """Everything the finishing code needs about one dispatched request."""
+
+    pod: Pod
+    routed: Routed  # the routing core's record: decision, strategy, held load
+    arrived: float  # perf_counter at arrival
+    model: str
+    ttft_s: float | None = None
+    recorded: bool = False
+
+    @property
+    def strategy(self) -> str:
+        return self.routed.strategy.name
+
+
+class Accounting:
+    def __init__(self, metrics: GatewayMetrics, router: Router) -> None:
+        self._metrics = metrics
+        self._router = router
+
+    def record(self, a: Attempt, status: int, usage: dict[str, object] | None) -> None:
+        """Metrics of the finished request; releases its load and lets the strategy learn.
+
+        Only the first call per attempt counts."""
+        if a.recorded:
+            return
+        a.recorded = True
+        m = self._metrics
+        m.requests.labels(a.model, a.pod.name, a.strategy, str(status)).inc()
+        m.latency.labels(a.model, a.pod.name, a.strategy).observe(time.perf_counter() - a.arrived)
+        if a.ttft_s is not None:
+            m.ttft.labels(a.model, a.pod.name, a.strategy).observe(a.ttft_s)
+        d = a.routed.decision
+        if d.predicted_ttft_s is not None:
+            for tier, n in (("L0", d.predicted_l0_tokens), ("L1", d.predicted_l1_tokens),
+                            ("L2", d.predicted_l2_tokens)):  # fmt: skip
+                m.predicted_tokens.labels(a.strategy, tier).inc(n)
+        prompt_tokens, cached = token_counts(usage)
+        if prompt_tokens is not None:
+            cached_n = cached or 0
+            m.prompt_tokens.labels(a.model, a.pod.name, "cached").inc(cached_n)
+            m.prompt_tokens.labels(a.model, a.pod.name, "computed").inc(prompt_tokens - cached_n)
+            if d.predicted_ttft_s is not None and cached is not None:
+                m.cached_tokens_error.labels(a.strategy).observe(
+                    abs(d.predicted_cached_tokens - cached)
+                )
+                if a.ttft_s is not None:
+                    m.ttft_error.labels(a.strategy).observe(abs(d.predicted_ttft_s - a.ttft_s))
+        outcome = Outcome(
+            ok=status < 400, ttft_s=a.ttft_s, prompt_tokens=prompt_tokens, cached_tokens=cached
+        )
+        self._router.finish(a.routed, outcome)
+
+
+def usage_from_json(body: bytes) -> dict[str, object] | None:
+    try:
+        doc = msgspec.json.decode(body)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    usage = doc.get("usage") if isinstance(doc, dict) else None
+    return usage if isinstance(usage, dict) else None
+
+
+def usage_from_sse(tail: bytes) -> dict[str, object] | None:
+    """The usage object of the last SSE event carrying one (vLLM puts it last)."""
+    for event in reversed(tail.split(b"\n\n")):
+        line = event.strip()
+        if not line.startswith(b"data:") or b'"usage"' not in line:
+            continue
+        try:
+            doc = json.loads(line[5:])
+        except (ValueError, RecursionError):
+            continue
+        usage = doc.get("usage") if isinstance(doc, dict) else None
+        if isinstance(usage, dict):
+            return usage
+    return None
+
+
+def token_counts(usage: dict[str, object] | None) -> tuple[int | None, int | None]:
+    """``(prompt_tokens, cached_tokens)`` of an OpenAI usage object, None where absent."""
+    if not usage:
+        return None, None
+    prompt = usage.get("prompt_tokens")
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return (
+        prompt if isinstance(prompt, int) else None,
+        cached if isinstance(cached, int) else None,
+    )
