@@ -8,7 +8,7 @@ import uuid
 import pytest
 from rich.console import Console
 
-from kvindex.lookup_bench import IndexBenchRow, print_index_bench, run_index_bench
+from bench.index_lookup import IndexBenchRow, print_index_bench, run_index_bench
 from kvindex.memory_store import MemoryStore
 from kvindex.redis_store import RedisStore
 from kvindex.store import IndexStore
