@@ -17,13 +17,13 @@ import zmq
 import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
-from kvindex.events.recording import RecordingStore
 from kvindex.events.subscriber import KVEventSubscriber
 from kvindex.keyer import BlockKeyer
 from kvindex.memory_store import MemoryStore
 from kvindex.metrics import IndexMetrics
 from kvindex.store import Cleared, Stored
 from kvindex.types import Tier
+from tests.recording_store import RecordingStore
 
 BS = 4
 KEYER = BlockKeyer("tiny", BS)

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from bench.ports import free_port
-from kvindex.events.recording import RecordingStore
 from kvindex.events.subscriber import KVEventSubscriber
 from kvindex.keyer import BlockKeyer
 from kvindex.store import Stored
+from tests.recording_store import RecordingStore
 
 VLLM_PYTHON = Path(
     os.environ.get("KVGATE_VLLM_PYTHON", Path.home() / ".cache/kvgate/vllm-venv/bin/python")
