@@ -56,7 +56,7 @@ def run_gateway(
     ``("a", "http://127.0.0.1:8001,events=tcp://127.0.0.1:5557")``.
     """
     port = free_port()
-    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1"]
+    cmd = [sys.executable, "-m", "cli", "serve", "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--strategy", strategy, "--log-level", "warning"]
     for name, url in pods:
         cmd += ["--pod", f"{name}={url}"]

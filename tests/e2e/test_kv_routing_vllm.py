@@ -49,7 +49,7 @@ def rr_gateway(vllm_pods, tiny_tokenizer_dir) -> Iterator[str]:
 
 
 def _index_lookup_cli(gateway: str, body: dict) -> dict:
-    cmd = [sys.executable, "-m", "gateway.cli", "index", "--gateway", gateway, "--json",
+    cmd = [sys.executable, "-m", "cli", "index", "--gateway", gateway, "--json",
            "lookup", "--model", MODEL_NAME]  # fmt: skip
     if "messages" in body:
         cmd += ["--messages", json.dumps(body["messages"])]

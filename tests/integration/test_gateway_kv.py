@@ -118,13 +118,13 @@ def test_index_lookup_shows_the_pod_that_served_a_prompt(fleet, system_prompt):
         assert _lookup(gw, messages)["pods"].get(pod) is None
 
         out = subprocess.run(
-            [sys.executable, "-m", "gateway.cli", "index", "--gateway", gw, "--json", "lookup",
+            [sys.executable, "-m", "cli", "index", "--gateway", gw, "--json", "lookup",
              "--model", MODEL, "--messages", json.dumps(messages), "--cache-salt", "lk"],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
         assert json.loads(out.stdout)["pods"][pod]["l0_blocks"] == d["full_blocks"]
         stats = subprocess.run(
-            [sys.executable, "-m", "gateway.cli", "index", "--gateway", gw, "stats"],
+            [sys.executable, "-m", "cli", "index", "--gateway", gw, "stats"],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
         assert pod in stats.stdout and "backend memory" in stats.stdout
