@@ -5,7 +5,7 @@ so a restart comes back empty, like a Redis that lost its data. ``kill`` sends
 SIGKILL (a crash), ``stop`` a clean shutdown; ``start`` again reuses the port, so
 clients holding the URL reconnect to the new process.
 
-Tests use the ``redis_server`` fixture in ``tests/redis_server.py``; benchmarks
+Tests use the ``redis_server``/``private_redis`` fixtures in ``tests/conftest.py``; benchmarks
 use ``running_redis()``.
 """
 

@@ -17,7 +17,7 @@ from bench.vllm_pods import BLOCK_SIZE, MODEL_NAME, VllmServer
 from tests.e2e.prompts import prompt_text
 
 try:
-    from tests.gateway_proc import run_gateway
+    from bench.gateway_proc import run_gateway
 except ImportError:  # lands with the gateway; until then these tests say so
     pytestmark = pytest.mark.skip(reason="gateway_proc not yet available")
 

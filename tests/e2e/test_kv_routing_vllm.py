@@ -18,13 +18,13 @@ import pytest
 import zmq
 from openai import OpenAI
 
+from bench.gateway_proc import run_gateway
 from bench.vllm_pods import BLOCK_SIZE, MODEL_NAME, VllmServer
 from kvindex.events.ingest import PodIngestor
 from kvindex.keyer import BlockKeyer
 from kvindex.store import Stored
 from kvindex.types import Tier
 from tests.e2e.prompts import prompt_text
-from tests.gateway_proc import run_gateway
 from tests.recording_store import RecordingStore
 
 POD_NAMES = ("pod-a", "pod-b")

@@ -11,10 +11,10 @@ import httpx
 import openai
 import pytest
 
+from bench.gateway_proc import run_gateway
 from bench.prompts import text_of_tokens
 from bench.sim.launch import sim_fleet
 from bench.tinymodel import ensure_tokenizer
-from tests.gateway_proc import run_gateway
 from tests.polling import wait_for
 
 MODEL = "kvgate-tiny-llama"

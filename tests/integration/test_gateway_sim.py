@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
+from bench.gateway_proc import run_gateway
 from bench.sim.launch import sim_fleet
-from tests.gateway_proc import run_gateway
 from tests.polling import metric_value, wait_for
 
 MODEL = "kvgate-tiny-llama"

@@ -4,28 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from bench.ports import free_port
+from bench.redis_server import RedisServer
 from kvindex.memory_store import MemoryStore
 from kvindex.redis_store import RedisStore
 from kvindex.resilient_store import ResilientMetrics, ResilientStore
 from kvindex.store import Removed, Stored
 from kvindex.types import PodPrefix, Tier
-from tests.redis_server import REDIS_SERVER, SKIP_REASON, RedisServer, free_port, running_redis
 
-pytestmark = [pytest.mark.redis, pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)]
+pytestmark = pytest.mark.redis
 K = [0xC000 + i for i in range(16)]
 NS = "resilience"
 
 
 @pytest.fixture
-def server() -> Iterator[RedisServer]:
-    """A private redis-server: these tests kill it."""
-    with running_redis() as s:
-        yield s
+def server(private_redis: RedisServer) -> RedisServer:
+    """These tests kill, pause and restart their redis-server."""
+    return private_redis
 
 
 @pytest.fixture
