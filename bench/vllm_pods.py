@@ -25,8 +25,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import httpx
-
+from bench.polling import http_status, wait_for
 from bench.ports import free_ports
 from bench.tinymodel import MODEL_NAME, default_dir
 
@@ -188,24 +187,24 @@ class VllmServer:
 
     def wait_ready(self, timeout: float = 300) -> VllmServer:
         """Poll /health until 200; fail fast with the log tail if vLLM exits."""
-        if self.proc is None:
+        proc = self.proc
+        if proc is None:
             raise RuntimeError(f"{self.name} was never started")
-        deadline = time.monotonic() + timeout
-        with httpx.Client(timeout=2) as client:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(
-                        f"{self.name} exited with {self.proc.returncode} during start-up; "
-                        f"log {self.log_path}:\n{self.log_tail()}"
-                    )
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get(f"{self.url}/health").status_code == 200:
-                        self.ready_after_s = time.monotonic() - self._started_at
-                        return self
-                time.sleep(0.5)
-        raise TimeoutError(
-            f"{self.name} not healthy after {timeout:.0f}s; log {self.log_path}:\n{self.log_tail()}"
-        )
+
+        def healthy() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with {proc.returncode} during start-up; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
+                )
+            return http_status(f"{self.url}/health", timeout=2) == 200
+
+        try:
+            wait_for(healthy, timeout, what=f"{self.name} to be healthy", poll=0.5)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; log {self.log_path}:\n{self.log_tail()}") from None
+        self.ready_after_s = time.monotonic() - self._started_at
+        return self
 
     def launch(self, timeout: float = 300, attempts: int = 3, started: bool = False) -> VllmServer:
         """start() (unless ``started``) + wait_ready(); on a port clash, new ports."""
@@ -259,16 +258,21 @@ class VllmServer:
 
     def _wait_group_gone(self, timeout: float) -> bool:
         """True once no process of the group is left (the leader is reaped too)."""
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.proc.poll()  # reap the leader so it does not linger as a zombie
+        proc = self.proc
+        assert proc is not None
+
+        def gone() -> bool:
+            proc.poll()  # reap the leader so it does not linger as a zombie
             try:
-                os.killpg(self.proc.pid, 0)
+                os.killpg(proc.pid, 0)
             except ProcessLookupError:
                 return True
-            time.sleep(0.1)
-        return False
+            return False
+
+        try:
+            return wait_for(gone, timeout, what=f"{self.name}'s processes to exit", poll=0.1)
+        except TimeoutError:
+            return False
 
     def __enter__(self) -> VllmServer:
         return self

@@ -12,10 +12,10 @@ import openai
 import pytest
 
 from bench.gateway_proc import run_gateway
+from bench.polling import wait_for
 from bench.prompts import text_of_tokens
 from bench.sim.launch import sim_fleet
 from bench.tinymodel import ensure_tokenizer
-from tests.polling import wait_for
 
 MODEL = "kvgate-tiny-llama"
 BLOCK = 32

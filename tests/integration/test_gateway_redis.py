@@ -8,11 +8,11 @@ import httpx
 import pytest
 
 from bench.gateway_proc import run_gateway
+from bench.polling import metric_value, wait_for
 from bench.prompts import text_of_tokens
 from bench.redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
 from bench.sim.launch import sim_fleet
 from bench.tinymodel import ensure_tokenizer
-from tests.polling import metric_value, wait_for
 
 MODEL = "kvgate-tiny-llama"
 BLOCK = 32

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from bench.polling import wait_for_async
 from bench.ports import free_port
 from bench.redis_server import RedisServer
 from kvindex.memory_store import MemoryStore
@@ -47,11 +48,7 @@ def counter(registry: CollectorRegistry, name: str) -> float:
     return registry.get_sample_value(name) or 0.0
 
 
-async def wait_until(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
+wait_until = functools.partial(wait_for_async, timeout=5.0, what="Redis to be back in use")
 
 
 async def test_crashed_redis_is_served_from_local_view_and_caught_up_after_restart(
