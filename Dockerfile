@@ -9,6 +9,7 @@ COPY gateway ./gateway
 COPY routing ./routing
 COPY kvindex ./kvindex
 COPY bench ./bench
+COPY cli ./cli
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim

@@ -8,38 +8,29 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
-
+from bench.polling import http_status, wait_for
 from bench.ports import free_port
 
 
 def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """Wait until ``url`` answers below 500; fail at once if ``proc`` exits first."""
+
+    def answered() -> bool:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode} before {url} answered")
-        try:
-            if httpx.get(url, timeout=1.0).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} did not answer within {timeout}s")
+        status = http_status(url)
+        return status is not None and status < 500
+
+    wait_for(answered, timeout, what=f"{url} to answer", poll=0.1)
 
 
 def wait_ready(base_url: str, timeout: float = 30.0) -> None:
     """Wait until /ready says every configured model has a healthy pod."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{base_url}/ready", timeout=1.0).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise TimeoutError(f"{base_url}/ready not 200 within {timeout}s")
+    url = f"{base_url}/ready"
+    wait_for(lambda: http_status(url) == 200, timeout, what=f"{url} to be 200", poll=0.1)
 
 
 class GatewayURL(str):
@@ -68,7 +59,7 @@ def run_gateway(
     ``("a", "http://127.0.0.1:8001,events=tcp://127.0.0.1:5557")``.
     """
     port, admin_port = free_port(), free_port()
-    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1"]
+    cmd = [sys.executable, "-m", "cli", "serve", "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--admin-port", str(admin_port)]
     cmd += ["--strategy", strategy, "--log-level", "warning"]
     for name, url in pods:

@@ -15,9 +15,9 @@ from contextlib import ExitStack
 from rich.console import Console
 from rich.table import Table
 
+from bench.event_ingest import measure_ingestion
+from bench.index_lookup import print_index_bench, run_index_bench
 from bench.redis_server import REDIS_SERVER, running_redis
-from kvindex.events.bench import measure_ingestion
-from kvindex.lookup_bench import print_index_bench, run_index_bench
 from kvindex.memory_store import MemoryStore
 from kvindex.redis_store import RedisStore
 from kvindex.store import IndexStore

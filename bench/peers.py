@@ -23,13 +23,11 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
+from bench.polling import http_status, wait_for
 from bench.ports import free_port
 
 
@@ -128,16 +126,16 @@ def peer_command(
 
 
 def _wait_health(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def healthy() -> bool:
         if proc.poll() is not None:
             tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
             raise PeerUnavailable(f"exited with {proc.returncode}: {tail[0][-160:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                return
-        time.sleep(0.2)
-    raise PeerUnavailable(f"not healthy within {timeout_s:.0f}s (log {log})")
+        return http_status(f"{url}/health") == 200
+
+    try:
+        wait_for(healthy, timeout_s, what="health", poll=0.2)
+    except TimeoutError:
+        raise PeerUnavailable(f"not healthy within {timeout_s:.0f}s (log {log})") from None
 
 
 @contextlib.contextmanager

@@ -5,7 +5,7 @@ so a restart comes back empty, like a Redis that lost its data. ``kill`` sends
 SIGKILL (a crash), ``stop`` a clean shutdown; ``start`` again reuses the port, so
 clients holding the URL reconnect to the new process.
 
-Tests use the ``redis_server`` fixture in ``tests/redis_server.py``; benchmarks
+Tests use the ``redis_server``/``private_redis`` fixtures in ``tests/conftest.py``; benchmarks
 use ``running_redis()``.
 """
 
@@ -17,9 +17,9 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 
+from bench.polling import wait_for
 from bench.ports import free_port
 
 REDIS_SERVER = shutil.which("redis-server")
@@ -53,11 +53,16 @@ class RedisServer:
         args = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1"]
         args += ["--save", "", "--appendonly", "no", "--dir", self.dir]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout_s
-        while not _ping(self.port):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server did not answer PING on port {self.port}")
-            time.sleep(0.01)
+        proc = self.proc
+
+        def answers() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"redis-server exited with {proc.returncode} on port {self.port}"
+                )
+            return _ping(self.port)
+
+        wait_for(answers, timeout_s, what=f"redis-server PING on port {self.port}", poll=0.01)
 
     def kill(self) -> None:
         """SIGKILL: a crash, connections drop without a goodbye."""

@@ -16,14 +16,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from bench.polling import http_status, wait_for
 from bench.ports import free_port
 
 _SCALED = {
@@ -104,17 +102,15 @@ class SimPod:
             )
 
     def wait_healthy(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """Poll /health until 200; fail at once with the log tail if the process exits."""
+
+        def healthy() -> bool:
             if not self.running:
                 raise RuntimeError(f"{self.name} exited; log {self.log_path}:\n{self.log_tail()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"{self.name} not healthy after {timeout}s; log {self.log_path}")
+            return http_status(self.url + "/health") == 200
+
+        what = f"{self.name} to be healthy (log {self.log_path})"
+        wait_for(healthy, timeout, what=what, poll=0.05)
 
     def start(self, timeout: float = 30.0) -> SimPod:
         self.spawn()

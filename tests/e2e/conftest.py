@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.vllm_server import (
+from bench.vllm_pods import (
     VllmServer,
     VllmUnavailable,
     ensure_tiny_model,

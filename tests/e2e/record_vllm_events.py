@@ -29,9 +29,7 @@ import httpx
 import msgspec
 import zmq
 
-from tests.e2e import kv_events
-from tests.e2e.prompts import prompt_text
-from tests.e2e.vllm_server import (
+from bench.vllm_pods import (
     BLOCK_SIZE,
     MODEL_NAME,
     REPO_ROOT,
@@ -39,6 +37,8 @@ from tests.e2e.vllm_server import (
     ensure_tiny_model,
     vllm_python,
 )
+from tests.e2e import kv_events
+from tests.e2e.prompts import prompt_text
 
 SMALL_CACHE_BLOCKS = 64
 Recorder = Callable[[dict[str, Any], str | None], None]

@@ -13,11 +13,11 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from bench.vllm_pods import BLOCK_SIZE, MODEL_NAME, VllmServer
 from tests.e2e.prompts import prompt_text
-from tests.e2e.vllm_server import BLOCK_SIZE, MODEL_NAME, VllmServer
 
 try:
-    from tests.gateway_proc import run_gateway
+    from bench.gateway_proc import run_gateway
 except ImportError:  # lands with the gateway; until then these tests say so
     pytestmark = pytest.mark.skip(reason="gateway_proc not yet available")
 

@@ -18,14 +18,15 @@ import pytest
 import zmq
 from openai import OpenAI
 
+from bench.gateway_proc import run_gateway
+from bench.polling import wait_for
+from bench.vllm_pods import BLOCK_SIZE, MODEL_NAME, VllmServer
 from kvindex.events.ingest import PodIngestor
-from kvindex.events.recording import RecordingStore
 from kvindex.keyer import BlockKeyer
 from kvindex.store import Stored
 from kvindex.types import Tier
 from tests.e2e.prompts import prompt_text
-from tests.e2e.vllm_server import BLOCK_SIZE, MODEL_NAME, VllmServer
-from tests.gateway_proc import run_gateway
+from tests.recording_store import RecordingStore
 
 POD_NAMES = ("pod-a", "pod-b")
 
@@ -49,7 +50,7 @@ def rr_gateway(vllm_pods, tiny_tokenizer_dir) -> Iterator[str]:
 
 
 def _index_lookup_cli(gateway: str, body: dict) -> dict:
-    cmd = [sys.executable, "-m", "gateway.cli", "index", "--gateway", gateway, "--json",
+    cmd = [sys.executable, "-m", "cli", "index", "--gateway", gateway, "--json",
            "lookup", "--model", MODEL_NAME]  # fmt: skip
     if "messages" in body:
         cmd += ["--messages", json.dumps(body["messages"])]
@@ -103,13 +104,12 @@ def test_index_shows_the_serving_pod_and_keys_equal_those_learnt_from_its_events
         pod_a = r.headers["x-kvgate-pod"]
         pod_b = next(n for n in POD_NAMES if n != pod_a)
 
-        deadline = time.monotonic() + 10
-        seen = None
-        while time.monotonic() < deadline:
+        def held_by_pod_a() -> dict | None:
             seen = _index_lookup_cli(rr_gateway, body)
-            if seen["pods"].get(pod_a, {}).get("l0_blocks") == seen["full_blocks"]:
-                break
-            time.sleep(0.2)
+            whole = seen["pods"].get(pod_a, {}).get("l0_blocks") == seen["full_blocks"]
+            return seen if whole else None
+
+        seen = wait_for(held_by_pod_a, timeout=10, what=f"{pod_a} to hold it all in L0", poll=0.2)
         assert seen["full_blocks"] == seen["prompt_tokens"] // BLOCK_SIZE > 5
         assert seen["pods"][pod_a] == {
             "l0_blocks": seen["full_blocks"],

@@ -15,9 +15,9 @@ import pytest
 import zmq
 from openai import OpenAI
 
+from bench.vllm_pods import BLOCK_SIZE, EVENTS_TOPIC, MODEL_NAME, VllmServer
 from tests.e2e import kv_events
 from tests.e2e.prompts import prompt_text
-from tests.e2e.vllm_server import BLOCK_SIZE, EVENTS_TOPIC, MODEL_NAME, VllmServer
 
 SALT = "tenant-a"
 

@@ -22,7 +22,6 @@ import yaml
 
 from bench.gateway_proc import free_port, run_gateway
 from bench.sim.launch import sim_fleet
-from tests.redis_server import redis_server  # noqa: F401  (fixture)
 
 DASHBOARD = Path(__file__).parents[2] / "deploy" / "monitoring" / "grafana-dashboard.json"
 NAME = re.compile(r"\bkvgate_[a-z0-9_]+")
@@ -63,7 +62,7 @@ def expressions(dashboard: dict[str, Any]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def live_metrics(redis_server, tmp_path_factory) -> str:  # noqa: F811
+def live_metrics(redis_server, tmp_path_factory) -> str:
     kubeconfig = tmp_path_factory.mktemp("kube") / "config"
     closed = f"http://127.0.0.1:{free_port()}"  # discovery on, API unreachable: still exported
     kubeconfig.write_text(

@@ -27,8 +27,8 @@ import pytest
 from aiohttp import web
 
 from bench.gateway_proc import free_port, run_gateway
+from bench.polling import wait_for
 from bench.sim.launch import SimPod, sim_fleet
-from tests.polling import wait_for
 
 CONVERSATION = Path(__file__).parents[1] / "data" / "k8s" / "conversation.jsonl"
 NAMESPACE = "inference"
@@ -104,10 +104,10 @@ class ReplayApiServer:
         ).start()
 
     def wait_paused(self, label: str, timeout: float = 15.0) -> None:
-        deadline = time.monotonic() + timeout
-        while self.paused != label:
-            assert time.monotonic() < deadline, f"never paused at {label!r} ({self.mismatches})"
-            time.sleep(0.02)
+        try:
+            wait_for(lambda: self.paused == label, timeout, what=f"a pause at {label!r}", poll=0.02)
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc} ({self.mismatches})") from None
 
     def resume(self) -> None:
         self._loop.call_soon_threadsafe(self._resume.set)
@@ -181,10 +181,7 @@ class Traffic(threading.Thread):
         return {pod for start, pod, _ in list(self.records) if start >= t}
 
     def wait_for_pod(self, pod: str, timeout: float = 15.0) -> None:
-        deadline = time.monotonic() + timeout
-        while pod not in self.pods_since(0):
-            assert time.monotonic() < deadline, f"{pod} never received traffic"
-            time.sleep(0.05)
+        wait_for(lambda: pod in self.pods_since(0), timeout, what=f"traffic to {pod}")
 
 
 def healthy_pods(base: str) -> dict[str, float]:

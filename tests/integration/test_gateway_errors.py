@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway_proc import free_port, run_gateway
+from bench.gateway_proc import free_port, run_gateway
 
 MODEL = "kvgate-tiny-llama"
 

@@ -11,11 +11,11 @@ import httpx
 import openai
 import pytest
 
+from bench.gateway_proc import run_gateway
+from bench.polling import wait_for
 from bench.prompts import text_of_tokens
 from bench.sim.launch import sim_fleet
 from bench.tinymodel import ensure_tokenizer
-from tests.gateway_proc import run_gateway
-from tests.polling import wait_for
 
 MODEL = "kvgate-tiny-llama"
 BLOCK = 32
@@ -119,13 +119,13 @@ def test_index_lookup_shows_the_pod_that_served_a_prompt(fleet, system_prompt):
         assert _lookup(gw, messages)["pods"].get(pod) is None
 
         out = subprocess.run(
-            [sys.executable, "-m", "gateway.cli", "index", "--gateway", gw.admin, "--json", "lookup",
+            [sys.executable, "-m", "cli", "index", "--gateway", gw.admin, "--json", "lookup",
              "--model", MODEL, "--messages", json.dumps(messages), "--cache-salt", "lk"],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
         assert json.loads(out.stdout)["pods"][pod]["l0_blocks"] == d["full_blocks"]
         stats = subprocess.run(
-            [sys.executable, "-m", "gateway.cli", "index", "--gateway", gw.admin, "stats"],
+            [sys.executable, "-m", "cli", "index", "--gateway", gw.admin, "stats"],
             capture_output=True, text=True, check=True,
         )  # fmt: skip
         assert pod in stats.stdout and "backend memory" in stats.stdout

@@ -11,16 +11,15 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.exceptions import NoPermissionError
 
+from bench.redis_server import RedisServer
 from kvindex.memory_store import MemoryStore
 from kvindex.redis_store import RedisStore
 from kvindex.store import Cleared, IndexOp, Positions, Removed, Stored, chain_positions
 from kvindex.types import PodPrefix, Tier
-from tests.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.redis
 K = [0xC000 + i for i in range(64)]
@@ -28,10 +27,8 @@ PODS = ["a", "b", "c", "d"]
 
 
 @pytest.fixture
-async def store(redis_server: RedisServer) -> AsyncIterator[RedisStore]:  # noqa: F811
-    s = RedisStore(redis_server.url, namespace=f"l-{uuid.uuid4().hex[:8]}", key_ttl_s=60)
-    yield s
-    await s.close()
+def store(redis_store: RedisStore) -> RedisStore:
+    return redis_store
 
 
 def _random_op(rng: random.Random) -> IndexOp | tuple[str, list[int]]:
@@ -84,7 +81,7 @@ async def test_a_block_held_only_by_expired_speculation_ends_every_chain(
 
 async def test_a_replica_reads_a_pod_name_from_the_registry_only_once(
     store: RedisStore,
-    redis_server: RedisServer,  # noqa: F811
+    redis_server: RedisServer,
 ) -> None:
     await store.apply("writer-pod", [Stored(Tier.L0, K[:4])])
     reader = RedisStore(redis_server.url, namespace=store.namespace)
@@ -122,7 +119,7 @@ async def test_cancelled_lookups_never_leave_a_reply_for_the_next_caller(
 
 async def test_a_rejected_lookup_leaves_the_pooled_connection_in_sync(
     store: RedisStore,
-    redis_server: RedisServer,  # noqa: F811
+    redis_server: RedisServer,
 ) -> None:
     """TIME is answered, MGET is refused: the unread state must not leak."""
     user = f"nomget-{uuid.uuid4().hex[:6]}"

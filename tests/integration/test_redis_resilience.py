@@ -2,30 +2,31 @@
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from bench.polling import wait_for_async
+from bench.ports import free_port
+from bench.redis_server import RedisServer
 from kvindex.memory_store import MemoryStore
 from kvindex.redis_store import RedisStore
 from kvindex.resilient_store import ResilientMetrics, ResilientStore
 from kvindex.store import Removed, Stored
 from kvindex.types import PodPrefix, Tier
-from tests.redis_server import REDIS_SERVER, SKIP_REASON, RedisServer, free_port, running_redis
 
-pytestmark = [pytest.mark.redis, pytest.mark.skipif(REDIS_SERVER is None, reason=SKIP_REASON)]
+pytestmark = pytest.mark.redis
 K = [0xC000 + i for i in range(16)]
 NS = "resilience"
 
 
 @pytest.fixture
-def server() -> Iterator[RedisServer]:
-    """A private redis-server: these tests kill it."""
-    with running_redis() as s:
-        yield s
+def server(private_redis: RedisServer) -> RedisServer:
+    """These tests kill, pause and restart their redis-server."""
+    return private_redis
 
 
 @pytest.fixture
@@ -47,11 +48,7 @@ def counter(registry: CollectorRegistry, name: str) -> float:
     return registry.get_sample_value(name) or 0.0
 
 
-async def wait_until(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
+wait_until = functools.partial(wait_for_async, timeout=5.0, what="Redis to be back in use")
 
 
 async def test_crashed_redis_is_served_from_local_view_and_caught_up_after_restart(

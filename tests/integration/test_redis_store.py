@@ -3,26 +3,22 @@
 from __future__ import annotations
 
 import re
-import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.crc import key_slot
 
+from bench.redis_server import RedisServer
 from kvindex.redis_store import RedisStore
 from kvindex.store import Cleared, Removed, Stored, chain_positions
 from kvindex.types import PodPrefix, Tier
-from tests.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.redis
 K = [0xB000 + i for i in range(2048)]
 
 
 @pytest.fixture
-async def store(redis_server: RedisServer) -> AsyncIterator[RedisStore]:  # noqa: F811
-    s = RedisStore(redis_server.url, namespace=f"r-{uuid.uuid4().hex[:8]}", key_ttl_s=60)
-    yield s
-    await s.close()
+def store(redis_store: RedisStore) -> RedisStore:
+    return redis_store
 
 
 async def _names(store: RedisStore) -> list[bytes]:
@@ -67,7 +63,7 @@ async def test_removing_the_last_holder_deletes_the_key(store: RedisStore) -> No
 
 async def test_replicas_with_the_same_namespace_share_one_index(
     store: RedisStore,
-    redis_server: RedisServer,  # noqa: F811
+    redis_server: RedisServer,
 ) -> None:
     replica = RedisStore(redis_server.url, namespace=store.namespace)
     other_model = RedisStore(redis_server.url, namespace=store.namespace + "-other")
@@ -195,7 +191,7 @@ async def test_store_recovers_when_redis_forgot_its_scripts(store: RedisStore) -
     assert (await store.match(K, 16)).pods == {"a": PodPrefix(4, 4)}
 
 
-async def test_stats_report_the_dedicated_db_size(redis_server: RedisServer) -> None:  # noqa: F811
+async def test_stats_report_the_dedicated_db_size(redis_server: RedisServer) -> None:
     store = RedisStore(redis_server.url.replace("/0", "/5"), max_keys=1000)
     try:
         await store.client.flushdb()

@@ -3,7 +3,7 @@
 MemoryStore, RedisStore, ResilientStore (Redis with a local view) and
 InstrumentedStore (metrics decorator) must give the same answers.
 
-RedisStore talks to a real redis-server (tests/redis_server.py); each test gets
+RedisStore talks to a real redis-server (the ``redis_server`` fixture); each test gets
 its own namespace, so tests never see each other's keys.
 """
 
@@ -22,7 +22,6 @@ from kvindex.redis_store import RedisStore
 from kvindex.resilient_store import ResilientMetrics, ResilientStore
 from kvindex.store import Cleared, IndexStore, Removed, Stored
 from kvindex.types import PodPrefix, Tier
-from tests.redis_server import redis_server  # noqa: F401  (fixture)
 
 K = [0xA000 + i for i in range(12)]  # a 12-block prompt's chained keys
 L0, L1, L2 = Tier.L0, Tier.L1, Tier.L2

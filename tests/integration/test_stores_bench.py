@@ -8,11 +8,11 @@ import uuid
 import pytest
 from rich.console import Console
 
-from kvindex.lookup_bench import IndexBenchRow, print_index_bench, run_index_bench
+from bench.index_lookup import IndexBenchRow, print_index_bench, run_index_bench
+from bench.redis_server import RedisServer
 from kvindex.memory_store import MemoryStore
 from kvindex.redis_store import RedisStore
 from kvindex.store import IndexStore
-from tests.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
 
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])

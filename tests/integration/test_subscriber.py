@@ -8,6 +8,7 @@ closes and rebinds the sockets with seq starting from 0 again (a new engine proc
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections import deque
 
@@ -17,13 +18,14 @@ import zmq
 import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
-from kvindex.events.recording import RecordingStore
+from bench.polling import wait_for_async
 from kvindex.events.subscriber import KVEventSubscriber
 from kvindex.keyer import BlockKeyer
 from kvindex.memory_store import MemoryStore
 from kvindex.metrics import IndexMetrics
 from kvindex.store import Cleared, Stored
 from kvindex.types import Tier
+from tests.recording_store import RecordingStore
 
 BS = 4
 KEYER = BlockKeyer("tiny", BS)
@@ -107,23 +109,21 @@ class Publisher:
         await self.close()
         self.buffer.clear()
         self.seq = 0
-        for _ in range(100):  # the old sockets release their ports asynchronously
+
+        def rebound() -> bool:
             try:
                 self._bind(self.port, self.replay_port)
-                return
+                return True
             except zmq.ZMQError:
                 self.pub.close(0)
                 self.router.close(0)
-                await asyncio.sleep(0.02)
-        raise AssertionError("could not rebind the publisher's ports")
+                return False
+
+        # The old sockets release their ports asynchronously.
+        await wait_for_async(rebound, timeout=2.0, what="the publisher's ports to rebind")
 
 
-async def wait_until(cond, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
+wait_until = functools.partial(wait_for_async, timeout=5.0, poll=0.01)
 
 
 @pytest.fixture

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from bench.polling import wait_for_async
 from bench.ports import free_port
-from kvindex.events.recording import RecordingStore
 from kvindex.events.subscriber import KVEventSubscriber
 from kvindex.keyer import BlockKeyer
 from kvindex.store import Stored
+from tests.recording_store import RecordingStore
 
 VLLM_PYTHON = Path(
     os.environ.get("KVGATE_VLLM_PYTHON", Path.home() / ".cache/kvgate/vllm-venv/bin/python")
@@ -38,14 +39,6 @@ for line in sys.stdin:
     print("published", i, flush=True)
 pub.shutdown()
 """
-
-
-async def wait_until(cond, timeout=10.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        assert loop.time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 @pytest.mark.e2e
@@ -76,10 +69,10 @@ async def test_subscriber_follows_vllms_own_publisher_including_bootstrap_replay
         for i in range(3):
             await publish(i)
         await sub.start()
-        await wait_until(lambda: sub.stats[0]["connected"])
+        await wait_for_async(lambda: sub.stats[0]["connected"], timeout=10.0)
         await asyncio.sleep(0.3)
         await publish(3)
-        await wait_until(lambda: sub.stats[0]["last_seq"] == 3)
+        await wait_for_async(lambda: sub.stats[0]["last_seq"] == 3, timeout=10.0)
     finally:
         await sub.stop()
         proc.stdin.close()

@@ -78,7 +78,7 @@ def test_build_context_copies_every_package_the_wheel_includes_and_the_readme():
     }
     copies = [arg.split() for op, arg in instructions() if op == "COPY" and "--from" not in arg]
     copied = {source for *sources, _dest in copies for source in sources}
-    assert packages == {"gateway", "routing", "kvindex", "bench"}
+    assert packages == {"gateway", "routing", "kvindex", "bench", "cli"}
     assert packages | {"pyproject.toml", project["project"]["readme"]} <= copied
     lines = (ROOT / ".dockerignore").read_text().splitlines()
     ignored = {line.strip() for line in lines if line.strip() and not line.startswith("#")}

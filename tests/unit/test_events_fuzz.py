@@ -8,11 +8,11 @@ from hypothesis import strategies as st
 
 from kvindex.events.http_ingest import BadEventsBody, decode_http_events
 from kvindex.events.ingest import PodIngestor
-from kvindex.events.recording import RecordingStore
 from kvindex.events.subscriber import KVEventSubscriber
 from kvindex.events.translate import EventTranslator
 from kvindex.events.vllm_adapter import MalformedPayload, batch_from_obj, decode_payload
 from kvindex.keyer import BlockKeyer
+from tests.recording_store import RecordingStore
 
 KEYER = BlockKeyer("fuzz", 4)
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

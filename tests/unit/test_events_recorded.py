@@ -8,10 +8,10 @@ import msgspec
 import pytest
 
 from kvindex.events.ingest import PodIngestor
-from kvindex.events.recording import RecordingStore
 from kvindex.keyer import BlockKeyer
 from kvindex.store import Cleared, Removed, Stored
 from kvindex.types import Tier
+from tests.recording_store import RecordingStore
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "vllm-events"
 FILES = sorted(DATA.glob("vllm-0.32-*.msgpack"))

