@@ -13,12 +13,16 @@ a kept-alive connection) and within ``max_header_bytes``; otherwise the client g
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import contextlib
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.errors import GatewayError
+
+T = TypeVar("T")
 
 
 async def read_limited(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
@@ -40,6 +44,34 @@ async def read_limited(request: Request, limit: int, timeout_s: float | None = N
         raise GatewayError(408, f"request body not received within {timeout_s:g} s",
                            code="request_timeout") from None  # fmt: skip
     return bytes(chunks)
+
+
+async def unless_client_leaves(request: Request, work: Coroutine[Any, Any, T]) -> T | None:
+    """Run ``work`` until it answers; cancel it (and return None) if the client leaves.
+
+    The body has been read, so the next ASGI message is the client's disconnect.
+    Starlette notices it only while streaming a response; before that (tokenizing,
+    waiting for a pod's first byte, reading a whole non-streamed answer) nobody would,
+    and the pod would go on computing an answer nobody reads. (vLLM guards its own
+    handlers the same way: ``with_cancellation``.)"""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_client_gone(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():  # the client left, or we are being cancelled ourselves
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        return None
+    return task.result()
+
+
+async def _client_gone(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 class _HeadersTooLarge(Exception):

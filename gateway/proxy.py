@@ -17,12 +17,11 @@ Rules (the request lifecycle):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -39,7 +38,7 @@ from gateway.accounting import (
 from gateway.auth import key_matches
 from gateway.config import Settings
 from gateway.errors import GatewayError, sse_error_event
-from gateway.http_limits import read_limited
+from gateway.http_limits import read_limited, unless_client_leaves
 from gateway.metrics import GatewayMetrics
 from gateway.openai_body import Kind, ParsedRequest, parse_body
 from gateway.pods import Pod, PodRegistry
@@ -129,7 +128,7 @@ class Proxy:
             self._tenancy.apply(parsed, request.headers)
             model = self._resolve_model(parsed)
             attempts: list[Attempt] = []
-            response = await _unless_client_leaves(
+            response = await unless_client_leaves(
                 request, self._dispatch(request, parsed, model, request_id, arrived, attempts)
             )
             if response is None:  # the client left before an answer started
@@ -383,34 +382,6 @@ class Proxy:
     @staticmethod
     def _timed_out(a: Attempt, what: str) -> _PodFailure:
         return _PodFailure(GatewayError(504, f"pod '{a.pod.name}' {what}"), "timeout", retry=False)
-
-
-async def _unless_client_leaves(
-    request: Request, work: Coroutine[Any, Any, Response]
-) -> Response | None:
-    """Run ``work`` until it answers; cancel it (and return None) if the client leaves.
-
-    The body has been read, so the next ASGI message is the client's disconnect.
-    Starlette notices it only while streaming a response; before that (tokenizing,
-    waiting for a pod's first byte, reading a whole non-streamed answer) nobody would,
-    and the pod would go on computing an answer nobody reads."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_client_gone(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    return None
-
-
-async def _client_gone(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 async def _read_quietly(upstream: httpx.Response) -> str:

@@ -26,6 +26,7 @@ from bench.sim.engine import SimEngine
 from bench.sim.faults import FaultInjector, FaultSpec
 from bench.sim.generation import DroppedStream, Generation, complete, stream
 from bench.sim.tokenizer import PromptError, SimTokenizer
+from gateway.http_limits import unless_client_leaves
 
 
 class ApiError(Exception):
@@ -52,6 +53,7 @@ class SimPodState:
         self.tokenizer = SimTokenizer(config.tokenizer_dir())
         self.engine = SimEngine(config, self.tokenizer)
         self.faults = FaultInjector()
+        self.last_authorization: str | None = None  # for tests of what a gateway forwards
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.config.model:
@@ -129,6 +131,7 @@ def _add_generation_routes(app: FastAPI, state: SimPodState) -> None:
     @app.post("/v1/chat/completions")
     async def chat(body: p.ChatRequest, request: Request) -> Response:
         state.check_model(body.model)
+        state.last_authorization = request.headers.get("authorization")
         try:
             prompt = state.tokenizer.encode_chat(
                 body.messages,
@@ -152,6 +155,7 @@ def _add_generation_routes(app: FastAPI, state: SimPodState) -> None:
     @app.post("/v1/completions")
     async def completions(body: p.CompletionRequest, request: Request) -> Response:
         state.check_model(body.model)
+        state.last_authorization = request.headers.get("authorization")
         try:
             prompt = state.tokenizer.encode_prompt(body.prompt, body.add_special_tokens)
         except PromptError as exc:
@@ -180,7 +184,10 @@ async def _serve(
     if body.stream:
         events = stream(state.engine, gen, drop_after=1 if drop else None)
         return StreamingResponse(events, media_type="text/event-stream")
-    result = p.dumps(await complete(state.engine, gen)).encode()
+    done = await unless_client_leaves(request, complete(state.engine, gen))
+    if done is None:  # vLLM's with_cancellation: the client left, the request is aborted
+        return Response(status_code=499)
+    result = p.dumps(done).encode()
     if drop:
         return _truncated(result)
     return Response(result, media_type="application/json")
@@ -218,8 +225,12 @@ def _add_info_routes(app: FastAPI, state: SimPodState) -> None:
         return Response(state.engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/tokenize")
-    async def tokenize(body: p.TokenizeRequest) -> dict[str, Any]:
+    async def tokenize(body: p.TokenizeRequest, request: Request) -> Any:
         state.check_model(body.model)
+        if state.faults.take(tokenize=True) == "hang_tokenize":
+            while not await request.is_disconnected():
+                await asyncio.sleep(0.2)
+            return Response(status_code=499)
         try:
             ids = _tokenize(state, body)
         except PromptError as exc:
@@ -256,7 +267,8 @@ def _add_sim_routes(app: FastAPI, state: SimPodState) -> None:
 
     @app.get("/sim/state")
     async def sim_state() -> dict[str, Any]:
-        return {**engine.state(), "faults": state.faults.state()}
+        return {**engine.state(), "faults": state.faults.state(),
+                "last_authorization": state.last_authorization}  # fmt: skip
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache() -> Response:

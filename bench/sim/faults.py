@@ -2,7 +2,8 @@
 
 The next ``count`` generation requests fail the chosen way:
 ``error_500`` (HTTP 500 before any byte), ``hang`` (never answer), or
-``drop_mid_stream`` (send the first chunk(s), then abort the connection).
+``drop_mid_stream`` (send the first chunk(s), then abort the connection);
+``hang_tokenize`` makes the next ``count`` ``/tokenize`` calls never answer instead.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-FaultMode = Literal["none", "error_500", "hang", "drop_mid_stream"]
+FaultMode = Literal["none", "error_500", "hang", "drop_mid_stream", "hang_tokenize"]
+TOKENIZE_FAULTS = ("hang_tokenize",)
 
 
 class FaultSpec(BaseModel):
@@ -31,9 +33,10 @@ class FaultInjector:
         self.mode = spec.mode
         self.remaining = 0 if spec.mode == "none" else spec.count
 
-    def take(self) -> FaultMode:
-        """The fault for this request (``"none"`` once the armed ones are used up)."""
-        if self.remaining <= 0:
+    def take(self, tokenize: bool = False) -> FaultMode:
+        """The fault for this request (``"none"`` once the armed ones are used up):
+        generation faults for generation requests, tokenize faults for ``/tokenize``."""
+        if self.remaining <= 0 or (self.mode in TOKENIZE_FAULTS) != tokenize:
             return "none"
         self.remaining -= 1
         self.fired[self.mode] = self.fired.get(self.mode, 0) + 1

@@ -1,0 +1,119 @@
+"""Pods that hang: on generation (timeouts count toward ejection), on /tokenize (bounded,
+fails over), and clients that leave a non-streamed request (the pod stops working on it).
+Real gateway, simulated pods with injected faults."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+
+from bench.gateway_proc import run_gateway
+from bench.polling import metric_value, wait_for
+from bench.sim.launch import sim_fleet
+from tests.openai_errors import assert_openai_error
+
+MODEL = "kvgate-tiny-llama"
+BLOCK = 32
+
+
+def _chat(question: str, **extra: object) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": 2,
+            **extra}  # fmt: skip
+
+
+def _arm(pod_url: str, mode: str, count: int) -> None:
+    httpx.post(f"{pod_url}/sim/faults", json={"mode": mode, "count": count}).raise_for_status()
+
+
+def test_a_pod_that_hangs_on_generation_is_ejected_after_m_timeouts():
+    env = {
+        "KVGATE_TIMEOUTS__FIRST_BYTE_S": "0.5",
+        "KVGATE_HEALTH__EJECT_AFTER_FAILED_REQUESTS": "2",
+        "KVGATE_HEALTH__READMIT_AFTER_SUCCESSES": "1000",
+    }
+    with (
+        sim_fleet(2, itl_s=0.001, default_max_tokens=2) as (hung, ok),
+        run_gateway([(hung.name, hung.url), (ok.name, ok.url)], "round-robin", env=env) as gw,
+    ):
+        _arm(hung.url, "hang", 1000)  # answers /health, never a generation
+        statuses = []
+        for i in range(8):
+            started = time.monotonic()
+            r = httpx.post(f"{gw}/v1/chat/completions", json=_chat(f"q{i}"), timeout=10)
+            statuses.append((r.status_code, r.headers.get("x-kvgate-pod")))
+            if r.status_code == 504:
+                assert_openai_error(r, 504)
+                assert time.monotonic() - started < 3  # the first-byte deadline, not 120 s
+        timeouts = [s for s in statuses if s[0] == 504]
+        assert len(timeouts) == 2  # then the pod is out of rotation
+        assert statuses[-4:] == [(200, ok.name)] * 4
+        metrics = httpx.get(f"{gw}/metrics").text
+        assert f'kvgate_pod_healthy{{pod="{hung.name}"}} 0.0' in metrics
+        assert metric_value(metrics, "kvgate_pod_ejections_total") == 1
+
+
+def test_a_streamed_request_to_a_hung_pod_gets_504_within_the_first_byte_deadline():
+    env = {"KVGATE_TIMEOUTS__FIRST_BYTE_S": "0.5"}
+    with (
+        sim_fleet(1, itl_s=0.001, default_max_tokens=2) as (hung,),
+        run_gateway([(hung.name, hung.url)], env=env) as gw,
+    ):
+        _arm(hung.url, "hang", 1)
+        started = time.monotonic()
+        r = httpx.post(f"{gw}/v1/chat/completions", json=_chat("s", stream=True), timeout=10)
+        assert_openai_error(r, 504)
+        assert time.monotonic() - started < 3
+
+
+def test_a_pod_whose_tokenize_hangs_delays_requests_only_by_the_tokenize_timeout():
+    env = {
+        "KVGATE_MODELS": json.dumps({MODEL: {"block_size": BLOCK, "tokenizer_mode": "engine"}}),
+        "KVGATE_TIMEOUTS__TOKENIZE_S": "0.5",
+    }
+    with (
+        sim_fleet(2, kv_events=True, block_size=BLOCK, itl_s=0.001, default_max_tokens=2) as pods,
+        run_gateway(
+            [(p.name, f"{p.url},events={p.events_endpoint}") for p in pods], "kv-aware", env=env
+        ) as gw,
+    ):
+        _arm(pods[0].url, "hang_tokenize", 1000)
+        took = []
+        for i in range(6):
+            started = time.monotonic()
+            r = httpx.post(f"{gw}/v1/chat/completions", json=_chat(f"t{i}"), timeout=10)
+            took.append(time.monotonic() - started)
+            assert r.status_code == 200, r.text
+        assert max(took) < 2.0  # one 0.5 s timeout, then the other pod's /tokenize
+        metrics = httpx.get(f"{gw}/metrics").text
+        assert metric_value(metrics, "kvgate_tokenize_failures_total") == 0  # failed over
+
+
+def test_a_client_leaving_a_non_streamed_request_cancels_it_on_the_pod():
+    with (
+        sim_fleet(1, itl_s=0.05, default_max_tokens=400) as (pod,),
+        run_gateway([(pod.name, pod.url)]) as gw,
+    ):
+
+        def leave_early() -> None:
+            try:  # ~20 s of generation; the client gives up after 1 s
+                httpx.post(
+                    f"{gw}/v1/chat/completions", json=_chat("long", max_tokens=400), timeout=1.0
+                )
+            except httpx.TimeoutException:
+                pass
+
+        client = threading.Thread(target=leave_early)
+        client.start()
+
+        def running() -> float:
+            return metric_value(httpx.get(f"{pod.url}/metrics").text, "vllm:num_requests_running")
+
+        wait_for(lambda: running() == 1, timeout=5, what="the pod to start the request")
+        client.join()
+        wait_for(lambda: running() == 0, timeout=3, what="the pod to drop the request")
+        metrics = httpx.get(f"{gw}/metrics").text
+        assert 'status="499"' in metrics
+        assert metric_value(metrics, "kvgate_pod_in_flight_requests") == 0
