@@ -26,7 +26,7 @@ from kvindex.events.subscriber import KVEventSubscriber
 from kvindex.instrumented import InstrumentedStore
 from kvindex.keyer import BlockKeyer
 from kvindex.memory_store import MemoryStore
-from kvindex.metrics import IndexMetrics
+from kvindex.metrics import EventMetrics
 from kvindex.store import IndexStore
 from kvindex.tokenization.engine import EngineTokenizer
 from kvindex.tokenization.front import Tokenization, TokenizationError
@@ -67,7 +67,7 @@ class KvIndex:
         self._s = settings
         self._client = client
         self.store = build_store(settings, prometheus)
-        self.event_metrics = IndexMetrics(prometheus)
+        self.event_metrics = EventMetrics(prometheus)
         self._tokenize_failures = Counter(
             "kvgate_tokenize_failures",
             "Requests routed without index lookup because tokenization failed.",
