@@ -15,13 +15,13 @@ from __future__ import annotations
 import asyncio
 import json
 from array import array
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import xxhash
 
+from kvindex.lru import BoundedLRU
 from kvindex.tokenization.engine import EngineTokenizeError, EngineTokenizer
 from kvindex.tokenization.local import LocalTokenizer, UnsupportedPrompt
 
@@ -49,27 +49,24 @@ class TokenCache:
 
     def __init__(self, capacity_tokens: int = DEFAULT_CACHE_TOKENS) -> None:
         self.capacity_tokens = capacity_tokens
-        self.tokens = 0
-        self._map: OrderedDict[bytes, array[int]] = OrderedDict()
+        # ids as uint32 arrays: 4 bytes a token, against ~36 in a list of ints
+        self._lru: BoundedLRU[bytes, array[int]] = BoundedLRU(capacity_tokens, weigh=len)
+
+    @property
+    def tokens(self) -> int:
+        """Token ids held, in all entries."""
+        return self._lru.size
 
     def __len__(self) -> int:
-        return len(self._map)
+        return len(self._lru)
 
     def get(self, key: bytes) -> list[int] | None:
-        ids = self._map.get(key)
-        if ids is None:
-            return None
-        self._map.move_to_end(key)
-        return ids.tolist()
+        ids = self._lru.touch(key)
+        return None if ids is None else ids.tolist()
 
     def put(self, key: bytes, ids: Sequence[int]) -> None:
-        if len(ids) > self.capacity_tokens or key in self._map:
-            return
-        self._map[key] = array("I", ids)
-        self.tokens += len(ids)
-        while self.tokens > self.capacity_tokens:
-            _, old = self._map.popitem(last=False)
-            self.tokens -= len(old)
+        """Keep ``ids`` as most recent, unless they alone exceed the capacity."""
+        self._lru.put(key, array("I", ids))
 
 
 def _key(kind: bytes, text: str) -> bytes:
