@@ -24,6 +24,7 @@ import xxhash
 from kvindex.lru import BoundedLRU
 from kvindex.tokenization.engine import EngineTokenizeError, EngineTokenizer
 from kvindex.tokenization.local import LocalTokenizer, UnsupportedPrompt
+from kvindex.tokenization.prompt import ChatPrompt
 
 Mode = Literal["local", "engine", "auto"]
 DEFAULT_CACHE_TOKENS = 4_000_000  # ~16 MB of uint32 ids
@@ -95,45 +96,19 @@ class Tokenization:
         self.offload_chars = offload_chars
         self.stats = TokenizationStats()
 
-    async def chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        add_special_tokens: bool = False,
-        chat_template_kwargs: Mapping[str, Any] | None = None,
-        tools: list[dict[str, Any]] | None = None,
-        documents: list[dict[str, Any]] | None = None,
-        engine: EngineTokenizer | None = None,
-    ) -> list[int]:
-        """Ids of a chat request as the engine will see them (defaults: vLLM's)."""
+    async def chat(self, prompt: ChatPrompt, *, engine: EngineTokenizer | None = None) -> list[int]:
+        """Ids of a chat request as the engine will see them."""
         if self.local is not None:
             try:
-                return await self._local_chat(
-                    messages, add_generation_prompt, continue_final_message,
-                    add_special_tokens, chat_template_kwargs, tools, documents,
-                )  # fmt: skip
+                return await self._local_chat(prompt)
             except UnsupportedPrompt as exc:
                 if self.mode == "local":
                     raise TokenizationError(str(exc)) from None
                 self.stats.fallbacks += 1
-        request = {
-            "messages": list(messages), "add_generation_prompt": add_generation_prompt,
-            "continue_final_message": continue_final_message,
-            "add_special_tokens": add_special_tokens,
-            "chat_template_kwargs": dict(chat_template_kwargs or {}), "tools": tools,
-        }  # fmt: skip
         pod = self._engine(engine)
         return await self._via_engine(
-            b"chat-engine", request,
-            lambda: pod.chat(
-                self.model, messages, add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
-                add_special_tokens=add_special_tokens,
-                chat_template_kwargs=chat_template_kwargs, tools=tools,
-            ),
-        )  # fmt: skip
+            b"chat-engine", prompt.tokenize_body(), lambda: pod.chat(self.model, prompt)
+        )
 
     async def completion(
         self, prompt: str, *, add_special_tokens: bool = True, engine: EngineTokenizer | None = None
@@ -154,30 +129,14 @@ class Tokenization:
             raise TokenizationError(f"no engine tokenizer for model {self.model}")
         return pod
 
-    async def _local_chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        add_generation_prompt: bool,
-        continue_final_message: bool,
-        add_special_tokens: bool,
-        chat_template_kwargs: Mapping[str, Any] | None,
-        tools: list[dict[str, Any]] | None,
-        documents: list[dict[str, Any]] | None,
-    ) -> list[int]:
+    async def _local_chat(self, prompt: ChatPrompt) -> list[int]:
         assert self.local is not None
-        render = self.local.render_chat
-        args = (messages,)
-        kwargs = dict(
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            chat_template_kwargs=chat_template_kwargs, tools=tools, documents=documents,
-        )  # fmt: skip
-        if _approx_chars(messages) > self.offload_chars:
-            text = await asyncio.to_thread(render, *args, **kwargs)
+        if _approx_chars(prompt.messages) > self.offload_chars:
+            text = await asyncio.to_thread(self.local.render_chat, prompt)
         else:
-            text = render(*args, **kwargs)
-        kind = b"chat+special" if add_special_tokens else b"chat"
-        return await self._local_encode(kind, text, add_special_tokens)
+            text = self.local.render_chat(prompt)
+        special = prompt.add_special_tokens
+        return await self._local_encode(b"chat+special" if special else b"chat", text, special)
 
     async def _local_encode(self, kind: bytes, text: str, add_special_tokens: bool) -> list[int]:
         assert self.local is not None
