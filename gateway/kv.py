@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any
 
 import httpx
@@ -26,11 +26,12 @@ from kvindex.events.subscriber import KVEventSubscriber
 from kvindex.instrumented import InstrumentedStore
 from kvindex.keyer import BlockKeyer
 from kvindex.memory_store import MemoryStore
-from kvindex.metrics import IndexMetrics
+from kvindex.metrics import EventMetrics
 from kvindex.store import IndexStore
 from kvindex.tokenization.engine import EngineTokenizer
 from kvindex.tokenization.front import Tokenization, TokenizationError
 from kvindex.tokenization.local import LocalTokenizer, UnsupportedPrompt
+from kvindex.tokenization.prompt import ChatPrompt
 from routing.core import IndexAnswer
 
 log = logging.getLogger("kvgate.kv")
@@ -67,7 +68,7 @@ class KvIndex:
         self._s = settings
         self._client = client
         self.store = build_store(settings, prometheus)
-        self.event_metrics = IndexMetrics(prometheus)
+        self.event_metrics = EventMetrics(prometheus)
         self._tokenize_failures = Counter(
             "kvgate_tokenize_failures",
             "Requests routed without index lookup because tokenization failed.",
@@ -132,7 +133,7 @@ class KvIndex:
             return
         local.encode("warm up", add_special_tokens=False)
         with contextlib.suppress(UnsupportedPrompt):  # a model without a chat template
-            local.render_chat([{"role": "user", "content": "warm up"}])
+            local.render_chat(ChatPrompt([{"role": "user", "content": "warm up"}]))
 
     def _engine_for(self, pod: Pod) -> EngineTokenizer:
         eng = self._engines.get(pod.name)
@@ -189,15 +190,7 @@ class KvIndex:
         tok = self.tokenization(model)
         body = parsed.body
         if parsed.kind == "chat":
-            return await tok.chat(
-                body["messages"],
-                add_generation_prompt=bool(body.get("add_generation_prompt", True)),
-                continue_final_message=bool(body.get("continue_final_message", False)),
-                add_special_tokens=bool(body.get("add_special_tokens", False)),
-                chat_template_kwargs=_mapping(body.get("chat_template_kwargs")),
-                tools=body.get("tools") if isinstance(body.get("tools"), list) else None,
-                engine=engine,
-            )
+            return await tok.chat(ChatPrompt.from_body(body), engine=engine)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1:
             prompt = prompt[0]  # a batch of one
@@ -298,7 +291,3 @@ def _base_model(pod: Pod) -> str | None:
     """The model the engine itself serves (LoRA adapters list a ``parent``)."""
     bases = [m for m in sorted(pod.models) if not (pod.model_cards.get(m) or {}).get("parent")]
     return bases[0] if bases else None
-
-
-def _mapping(value: Any) -> Mapping[str, Any] | None:
-    return value if isinstance(value, dict) else None

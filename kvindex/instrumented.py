@@ -26,7 +26,10 @@ LOOKUP_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e
 _OP_NAMES: dict[type, str] = {Stored: "stored", Removed: "removed", Cleared: "cleared"}
 
 
-class IndexMetrics:
+class StoreMetrics:
+    """Lookup latency, key count and op counts of one store (``kvgate_index_*``); the
+    event pipeline's counters are ``kvindex.metrics.EventMetrics``."""
+
     def __init__(self, registry: CollectorRegistry) -> None:
         self.lookup_seconds = Histogram(
             "kvgate_index_lookup_seconds",
@@ -54,7 +57,7 @@ class InstrumentedStore:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.inner = inner
-        self.metrics = IndexMetrics(registry)
+        self.metrics = StoreMetrics(registry)
         self._interval = stats_interval_s
         self._clock = clock
         self._last_refresh = float("-inf")

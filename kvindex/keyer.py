@@ -22,10 +22,11 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import xxhash
+
+from kvindex.lru import BoundedLRU
 
 _XXH3 = xxhash.xxh3_64_intdigest
 _LE_U64 = struct.Struct("<Q")
@@ -85,18 +86,18 @@ class BlockKeyer:
         self.block_size = block_size
         self.lora_name = lora_name
         self.cache_salt = cache_salt
-        self._roots: OrderedDict[tuple[str | None, str | None], int] = OrderedDict()
+        self._roots: BoundedLRU[tuple[str | None, str | None], int] = BoundedLRU(
+            _ROOT_CACHE_CAPACITY
+        )
         self.root = self.root_for(lora_name, cache_salt)
 
     def root_for(self, lora_name: str | None, cache_salt: str | None) -> int:
         """Root seed for this model with the given LoRA and salt (LRU-cached)."""
         key = (lora_name, cache_salt)
-        root = self._roots.get(key)
+        root = self._roots.touch(key)
         if root is None:
             root = root_key(self.model, lora_name, cache_salt)
-            self._roots[key] = root
-            if len(self._roots) > _ROOT_CACHE_CAPACITY:
-                self._roots.popitem(last=False)
+            self._roots.put(key, root)
         return root
 
     def keys(self, token_ids: Sequence[int]) -> list[int]:

@@ -1,8 +1,9 @@
 """Prometheus metrics of KV-event ingestion (decode, sequence tracking, key mapping).
 
-One ``IndexMetrics`` per gateway process, built on the registry it is handed (no global
+One ``EventMetrics`` per gateway process, built on the registry it is handed (no global
 default registry, so tests and several gateways in one process do not collide). Index
-size, lookup latency and Redis errors belong to the stores (``kvgate_index_*``).
+size, lookup latency and Redis errors belong to the stores (``kvgate_index_*``:
+``kvindex.instrumented.StoreMetrics``).
 Labels are bounded: pod ids come from the pod registry, ``type``/``medium`` from fixed
 sets (``normalize_medium``), never from event content.
 """
@@ -24,7 +25,7 @@ def normalize_medium(medium: object) -> str:
     return _MEDIA.get(medium.upper(), "other")
 
 
-class IndexMetrics:
+class EventMetrics:
     """Counters and the lag histogram of the event pipeline."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:

@@ -94,7 +94,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 
-from kvindex.redis_scripts import APPLY, Walk, prefix_walk
+from kvindex.redis_scripts import APPLY, ApplyArgs, Walk, prefix_walk
 from kvindex.store import (
     GROUP_BLOCKS,
     Cleared,
@@ -356,7 +356,7 @@ class RedisStore:
 
     async def apply(self, pod: str, ops: Sequence[IndexOp]) -> None:
         """All of a batch's Stored/Removed in one pipelined round trip."""
-        calls: list[list[Any]] = []
+        calls: list[ApplyArgs] = []
         for op in ops:
             if isinstance(op, Stored | Removed):
                 code = ("S" if isinstance(op, Stored) else "R") + str(int(op.tier))
@@ -384,8 +384,8 @@ class RedisStore:
 
     def _calls(
         self, code: str, pod: str, keys: Sequence[int], extra: int, pos: Positions | None = None
-    ) -> list[list[Any]]:
-        """APPLY script argument lists, ``_KEYS_PER_CALL`` keys each."""
+    ) -> list[ApplyArgs]:
+        """APPLY script calls, ``_KEYS_PER_CALL`` keys each."""
         out = []
         pid = self.pod_id(pod)
         name = pod if code[0] in "SP" else ""  # writes (re)register the pod's name
@@ -407,11 +407,25 @@ class RedisStore:
                     offsets = "".join(_HEX[o % GROUP_BLOCKS] for o in pos.offsets[i:j])
                 except struct.error:  # positions we cannot encode: write without them
                     offsets = anchors = parents = ""
-            args = [code, pid, self.key_ttl_ms, names, self.name_len, extra, name]
-            out.append([*args, self.registry, offsets, anchors, parents, self.root])
+            call = self._apply_args(
+                code, pid, names, extra=extra, pod_name=name,
+                offsets=offsets, anchors=anchors, parents=parents,
+            )  # fmt: skip
+            out.append(call)
         return out
 
-    async def _run(self, calls: list[list[Any]]) -> None:
+    def _apply_args(
+        self, op: str, pod_id: str, names: bytes, *, extra: int, pod_name: str = "",
+        offsets: str = "", anchors: str = "", parents: str = "",
+    ) -> ApplyArgs:  # fmt: skip
+        """One call's arguments; the rest (TTL, name length, registry, root) are this store's."""
+        return ApplyArgs(
+            op=op, pod_id=pod_id, key_ttl_ms=self.key_ttl_ms, names=names, name_len=self.name_len,
+            extra=extra, pod_name=pod_name, registry=self.registry, offsets=offsets,
+            anchors=anchors, parents=parents, root=self.root,
+        )  # fmt: skip
+
+    async def _run(self, calls: list[ApplyArgs]) -> None:
         """EVALSHA each call in one pipeline; load the script once if Redis lost it.
 
         Not ``Script`` objects in the pipeline: redis-py then sends SCRIPT EXISTS
@@ -421,8 +435,8 @@ class RedisStore:
             if not calls:
                 return
             pipe = self._redis.pipeline(transaction=False)
-            for args in calls:
-                pipe.evalsha(self._apply.sha, 1, args[3][: self.name_len], *args)
+            for call in calls:
+                pipe.evalsha(self._apply.sha, 1, call.first_name, *call.argv())
             try:
                 await pipe.execute()
                 return
@@ -450,8 +464,7 @@ class RedisStore:
             cursor, found = await self._redis.scan(cursor, match=pattern, count=2000)
             names = b"".join(n for n in found if len(n) == self.name_len)
             if names:
-                args = ["C", pid, self.key_ttl_ms, names, self.name_len, mask, ""]
-                await self._run([[*args, self.registry, "", "", "", self.root]])
+                await self._run([self._apply_args("C", pid, names, extra=mask)])
             if cursor == 0:
                 return
 

@@ -40,7 +40,7 @@ from bench.sim.hashing import BlockHash, EngineHasher
 from bench.sim.l2dir import DirL2
 from bench.sim.metrics import SimMetrics
 from bench.sim.tokenizer import SimTokenizer
-from routing.lru import BoundedLRU
+from kvindex.lru import BoundedLRU
 
 _L2_NAME_MAP_CAPACITY = 262_144  # L2 file hash -> engine hash, for eviction events
 

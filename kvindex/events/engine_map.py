@@ -16,10 +16,10 @@ stores with per-group summaries which groups they touch.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import NamedTuple
 
 from kvindex.events.types import EngineHash
+from kvindex.lru import BoundedLRU
 from kvindex.store import Positions, chain_positions
 
 RouterKeys = int | tuple[int, ...]
@@ -50,11 +50,15 @@ class EngineKeyMap:
     """Bounded LRU map; the least recently learned or used hash is evicted first."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
-        if capacity <= 0:
-            raise ValueError(f"capacity must be positive, got {capacity}")
-        self.capacity = capacity
-        self._map: OrderedDict[EngineHash, Entry] = OrderedDict()
-        self.evictions = 0
+        self._map: BoundedLRU[EngineHash, Entry] = BoundedLRU(capacity)
+
+    @property
+    def capacity(self) -> int:
+        return self._map.capacity
+
+    @property
+    def evictions(self) -> int:
+        return self._map.evictions
 
     def __len__(self) -> int:
         return len(self._map)
@@ -62,18 +66,10 @@ class EngineKeyMap:
     def learn(
         self, engine_hash: EngineHash, keys: RouterKeys, depth: int, anchor: int, parent: int
     ) -> None:
-        m = self._map
-        m[engine_hash] = Entry(keys, depth, anchor, parent)
-        m.move_to_end(engine_hash)
-        if len(m) > self.capacity:
-            m.popitem(last=False)
-            self.evictions += 1
+        self._map.put(engine_hash, Entry(keys, depth, anchor, parent))
 
     def entry(self, engine_hash: EngineHash) -> Entry | None:
-        found = self._map.get(engine_hash)
-        if found is not None:
-            self._map.move_to_end(engine_hash)
-        return found
+        return self._map.touch(engine_hash)
 
     def get(self, engine_hash: EngineHash) -> RouterKeys | None:
         found = self.entry(engine_hash)

@@ -16,7 +16,7 @@ from kvindex.events.translate import POD_TIERS, EventTranslator
 from kvindex.events.types import EngineBatch
 from kvindex.events.vllm_adapter import MalformedPayload, decode_payload
 from kvindex.keyer import BlockKeyer
-from kvindex.metrics import IndexMetrics
+from kvindex.metrics import EventMetrics
 from kvindex.store import Cleared, IndexOp, IndexStore
 
 log = logging.getLogger(__name__)
@@ -31,14 +31,14 @@ class PodIngestor:
         pod: str,
         keyer: BlockKeyer,
         store: IndexStore,
-        metrics: IndexMetrics | None = None,
+        metrics: EventMetrics | None = None,
         map_capacity: int = DEFAULT_CAPACITY,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.pod = pod
         self.keyer = keyer
         self.store = store
-        self.metrics = metrics if metrics is not None else IndexMetrics()
+        self.metrics = metrics if metrics is not None else EventMetrics()
         self.map_capacity = map_capacity
         self._clock = clock
         self._translators: dict[int, EventTranslator] = {}

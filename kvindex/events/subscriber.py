@@ -40,7 +40,7 @@ from kvindex.events.engine_map import DEFAULT_CAPACITY
 from kvindex.events.ingest import PodIngestor
 from kvindex.events.wire import END_SEQ, Frame, parse_live, parse_replay, replay_request
 from kvindex.keyer import BlockKeyer
-from kvindex.metrics import IndexMetrics
+from kvindex.metrics import EventMetrics
 from kvindex.store import IndexStore
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class KVEventSubscriber:
         replay_endpoint: str | None,
         keyer: BlockKeyer,
         store: IndexStore,
-        metrics: IndexMetrics | None = None,
+        metrics: EventMetrics | None = None,
         *,
         dp_size: int = 1,
         topic: str = "",
@@ -107,7 +107,7 @@ class KVEventSubscriber:
         context: zmq.asyncio.Context | None = None,
     ) -> None:
         self.pod_id = pod_id
-        self.metrics = metrics if metrics is not None else IndexMetrics()
+        self.metrics = metrics if metrics is not None else EventMetrics()
         self.ingestor = PodIngestor(pod_id, keyer, store, self.metrics, map_capacity)
         self.topic = topic.encode()
         self.replay_timeout_s = replay_timeout_s

@@ -20,7 +20,7 @@ from kvindex.events.engine_map import DEFAULT_CAPACITY, EngineKeyMap
 from kvindex.events.types import EngineBatch, EngineCleared, EngineRemoved, EngineStored
 from kvindex.events.vllm_adapter import tier_of
 from kvindex.keyer import BlockKeyer, chain_packed, pack_tokens
-from kvindex.metrics import IndexMetrics, normalize_medium
+from kvindex.metrics import EventMetrics, normalize_medium
 from kvindex.store import Cleared, IndexOp, Positions, Removed, Stored, chain_positions
 from kvindex.types import Tier
 
@@ -64,13 +64,13 @@ class EventTranslator:
         self,
         pod: str,
         keyer: BlockKeyer,
-        metrics: IndexMetrics | None = None,
+        metrics: EventMetrics | None = None,
         map_capacity: int = DEFAULT_CAPACITY,
         groups: frozenset[int] = frozenset({0}),
     ) -> None:
         self.pod = pod
         self.keyer = keyer
-        self.metrics = metrics if metrics is not None else IndexMetrics()
+        self.metrics = metrics if metrics is not None else EventMetrics()
         self.map = EngineKeyMap(map_capacity)
         self.groups = groups  # KV-cache groups indexed (0: the full-attention group)
         self.stats = TranslateStats()

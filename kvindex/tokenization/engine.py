@@ -1,17 +1,17 @@
 """Ask a pod for token ids: vLLM's ``POST /tokenize`` (chat template applied there).
 
-Request bodies mirror vLLM 0.32's ``TokenizeChatRequest`` (``messages``,
-``add_generation_prompt``, ``continue_final_message``, ``add_special_tokens``,
-``chat_template_kwargs``, ``tools``) and ``TokenizeCompletionRequest`` (``prompt``,
-``add_special_tokens``); the answer's ``tokens`` are the engine's own ids.
+Request bodies mirror vLLM 0.32's ``TokenizeChatRequest`` (``ChatPrompt.tokenize_body``)
+and ``TokenizeCompletionRequest`` (``prompt``, ``add_special_tokens``); the answer's
+``tokens`` are the engine's own ids.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
+
+from kvindex.tokenization.prompt import ChatPrompt
 
 
 class EngineTokenizeError(RuntimeError):
@@ -32,29 +32,8 @@ class EngineTokenizer:
         self._timeout_s = timeout_s  # per call, also on a shared client (whose default is long)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
-    async def chat(
-        self,
-        model: str,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        add_special_tokens: bool = False,
-        chat_template_kwargs: Mapping[str, Any] | None = None,
-        tools: list[dict[str, Any]] | None = None,
-    ) -> list[int]:
-        body: dict[str, Any] = {
-            "model": model,
-            "messages": list(messages),
-            "add_generation_prompt": add_generation_prompt,
-            "continue_final_message": continue_final_message,
-            "add_special_tokens": add_special_tokens,
-        }
-        if chat_template_kwargs:
-            body["chat_template_kwargs"] = dict(chat_template_kwargs)
-        if tools:
-            body["tools"] = tools
-        return await self._tokenize(body)
+    async def chat(self, model: str, prompt: ChatPrompt) -> list[int]:
+        return await self._tokenize({"model": model, **prompt.tokenize_body()})
 
     async def completion(
         self, model: str, prompt: str, add_special_tokens: bool = True

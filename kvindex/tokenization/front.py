@@ -15,15 +15,16 @@ from __future__ import annotations
 import asyncio
 import json
 from array import array
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import xxhash
 
+from kvindex.lru import BoundedLRU
 from kvindex.tokenization.engine import EngineTokenizeError, EngineTokenizer
 from kvindex.tokenization.local import LocalTokenizer, UnsupportedPrompt
+from kvindex.tokenization.prompt import ChatPrompt
 
 Mode = Literal["local", "engine", "auto"]
 DEFAULT_CACHE_TOKENS = 4_000_000  # ~16 MB of uint32 ids
@@ -49,27 +50,24 @@ class TokenCache:
 
     def __init__(self, capacity_tokens: int = DEFAULT_CACHE_TOKENS) -> None:
         self.capacity_tokens = capacity_tokens
-        self.tokens = 0
-        self._map: OrderedDict[bytes, array[int]] = OrderedDict()
+        # ids as uint32 arrays: 4 bytes a token, against ~36 in a list of ints
+        self._lru: BoundedLRU[bytes, array[int]] = BoundedLRU(capacity_tokens, weigh=len)
+
+    @property
+    def tokens(self) -> int:
+        """Token ids held, in all entries."""
+        return self._lru.size
 
     def __len__(self) -> int:
-        return len(self._map)
+        return len(self._lru)
 
     def get(self, key: bytes) -> list[int] | None:
-        ids = self._map.get(key)
-        if ids is None:
-            return None
-        self._map.move_to_end(key)
-        return ids.tolist()
+        ids = self._lru.touch(key)
+        return None if ids is None else ids.tolist()
 
     def put(self, key: bytes, ids: Sequence[int]) -> None:
-        if len(ids) > self.capacity_tokens or key in self._map:
-            return
-        self._map[key] = array("I", ids)
-        self.tokens += len(ids)
-        while self.tokens > self.capacity_tokens:
-            _, old = self._map.popitem(last=False)
-            self.tokens -= len(old)
+        """Keep ``ids`` as most recent, unless they alone exceed the capacity."""
+        self._lru.put(key, array("I", ids))
 
 
 def _key(kind: bytes, text: str) -> bytes:
@@ -98,45 +96,19 @@ class Tokenization:
         self.offload_chars = offload_chars
         self.stats = TokenizationStats()
 
-    async def chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        add_special_tokens: bool = False,
-        chat_template_kwargs: Mapping[str, Any] | None = None,
-        tools: list[dict[str, Any]] | None = None,
-        documents: list[dict[str, Any]] | None = None,
-        engine: EngineTokenizer | None = None,
-    ) -> list[int]:
-        """Ids of a chat request as the engine will see them (defaults: vLLM's)."""
+    async def chat(self, prompt: ChatPrompt, *, engine: EngineTokenizer | None = None) -> list[int]:
+        """Ids of a chat request as the engine will see them."""
         if self.local is not None:
             try:
-                return await self._local_chat(
-                    messages, add_generation_prompt, continue_final_message,
-                    add_special_tokens, chat_template_kwargs, tools, documents,
-                )  # fmt: skip
+                return await self._local_chat(prompt)
             except UnsupportedPrompt as exc:
                 if self.mode == "local":
                     raise TokenizationError(str(exc)) from None
                 self.stats.fallbacks += 1
-        request = {
-            "messages": list(messages), "add_generation_prompt": add_generation_prompt,
-            "continue_final_message": continue_final_message,
-            "add_special_tokens": add_special_tokens,
-            "chat_template_kwargs": dict(chat_template_kwargs or {}), "tools": tools,
-        }  # fmt: skip
         pod = self._engine(engine)
         return await self._via_engine(
-            b"chat-engine", request,
-            lambda: pod.chat(
-                self.model, messages, add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
-                add_special_tokens=add_special_tokens,
-                chat_template_kwargs=chat_template_kwargs, tools=tools,
-            ),
-        )  # fmt: skip
+            b"chat-engine", prompt.tokenize_body(), lambda: pod.chat(self.model, prompt)
+        )
 
     async def completion(
         self, prompt: str, *, add_special_tokens: bool = True, engine: EngineTokenizer | None = None
@@ -157,30 +129,14 @@ class Tokenization:
             raise TokenizationError(f"no engine tokenizer for model {self.model}")
         return pod
 
-    async def _local_chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        add_generation_prompt: bool,
-        continue_final_message: bool,
-        add_special_tokens: bool,
-        chat_template_kwargs: Mapping[str, Any] | None,
-        tools: list[dict[str, Any]] | None,
-        documents: list[dict[str, Any]] | None,
-    ) -> list[int]:
+    async def _local_chat(self, prompt: ChatPrompt) -> list[int]:
         assert self.local is not None
-        render = self.local.render_chat
-        args = (messages,)
-        kwargs = dict(
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            chat_template_kwargs=chat_template_kwargs, tools=tools, documents=documents,
-        )  # fmt: skip
-        if _approx_chars(messages) > self.offload_chars:
-            text = await asyncio.to_thread(render, *args, **kwargs)
+        if _approx_chars(prompt.messages) > self.offload_chars:
+            text = await asyncio.to_thread(self.local.render_chat, prompt)
         else:
-            text = render(*args, **kwargs)
-        kind = b"chat+special" if add_special_tokens else b"chat"
-        return await self._local_encode(kind, text, add_special_tokens)
+            text = self.local.render_chat(prompt)
+        special = prompt.add_special_tokens
+        return await self._local_encode(b"chat+special" if special else b"chat", text, special)
 
     async def _local_encode(self, kind: bytes, text: str, add_special_tokens: bool) -> list[int]:
         assert self.local is not None

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from kvindex.tokenization.prompt import ChatPrompt
 
 # chat_template_kwargs vLLM refuses (they would override its own arguments)
 _RESERVED_KWARGS = frozenset({"tokenize", "chat_template", "conversation", "messages"})
@@ -55,36 +57,30 @@ class LocalTokenizer:
             raise UnsupportedPrompt("tokenizer has no chat template")
         return template
 
-    def render_chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        chat_template_kwargs: Mapping[str, Any] | None = None,
-        tools: list[dict[str, Any]] | None = None,
-        documents: list[dict[str, Any]] | None = None,
-    ) -> str:
-        """The prompt text the engine's template produces for these messages."""
-        template = self.template_for(tools)
-        if add_generation_prompt and continue_final_message:
+    def render_chat(self, prompt: ChatPrompt) -> str:
+        """The prompt text the engine's template produces for this request (before
+        ``prompt.add_special_tokens``, which applies when the text is encoded)."""
+        template = self.template_for(prompt.tools)
+        if prompt.add_generation_prompt and prompt.continue_final_message:
             raise UnsupportedPrompt("add_generation_prompt and continue_final_message both set")
         kwargs = {
-            k: v for k, v in (chat_template_kwargs or {}).items() if k not in _RESERVED_KWARGS
+            k: v
+            for k, v in (prompt.chat_template_kwargs or {}).items()
+            if k not in _RESERVED_KWARGS
         }
         kwargs.pop("add_generation_prompt", None)
         kwargs.pop("continue_final_message", None)
         openai_content = bool(_CONTENT_LOOP.search(template))
         knows_developer = "developer" in template
-        conversation = [self._message(m, openai_content, knows_developer) for m in messages]
+        conversation = [self._message(m, openai_content, knows_developer) for m in prompt.messages]
         try:
             rendered = self._tok.apply_chat_template(
                 conversation,
-                tools=tools,
-                documents=documents,
+                tools=prompt.tools,
+                documents=prompt.documents,
                 chat_template=template,
-                add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
+                add_generation_prompt=prompt.add_generation_prompt,
+                continue_final_message=prompt.continue_final_message,
                 tokenize=False,
                 **kwargs,
             )

@@ -33,10 +33,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvindex.lru import BoundedLRU
 from kvindex.types import PrefixMatch
 from routing.calibration import Calibrator
 from routing.cost_model import CostModel, as_cost_model
-from routing.lru import BoundedLRU
 from routing.strategy_registry import register
 from routing.types import (
     Decision,

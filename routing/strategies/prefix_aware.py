@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kvindex.lru import BoundedLRU
 from kvindex.types import PrefixMatch
-from routing.lru import BoundedLRU
 from routing.strategy_registry import register
 from routing.types import (
     Decision,

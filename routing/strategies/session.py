@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 import xxhash
 
+from kvindex.lru import BoundedLRU
 from kvindex.types import PrefixMatch
-from routing.lru import BoundedLRU
 from routing.strategy_registry import register
 from routing.types import (
     Decision,

@@ -22,7 +22,7 @@ from bench.polling import wait_for_async
 from kvindex.events.subscriber import KVEventSubscriber
 from kvindex.keyer import BlockKeyer
 from kvindex.memory_store import MemoryStore
-from kvindex.metrics import IndexMetrics
+from kvindex.metrics import EventMetrics
 from kvindex.store import Cleared, Stored
 from kvindex.types import Tier
 from tests.recording_store import RecordingStore
@@ -134,7 +134,7 @@ async def ctx():
 
 
 async def connected_subscriber(pub, store, registry=None, **kw):
-    metrics = IndexMetrics(registry or CollectorRegistry())
+    metrics = EventMetrics(registry or CollectorRegistry())
     sub = KVEventSubscriber(
         "pod-a",
         pub.endpoint,

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry
 from kvindex.events.engine_map import EngineKeyMap
 from kvindex.events.ingest import PodIngestor
 from kvindex.keyer import BlockKeyer
-from kvindex.metrics import IndexMetrics
+from kvindex.metrics import EventMetrics
 from kvindex.store import Cleared, Removed, Stored
 from kvindex.types import Tier
 from tests.recording_store import RecordingStore
@@ -44,7 +44,7 @@ def payload(*events):
 def setup(pod="p"):
     registry = CollectorRegistry()
     store = RecordingStore()
-    return PodIngestor(pod, KEYER, store, IndexMetrics(registry)), store, registry
+    return PodIngestor(pod, KEYER, store, EventMetrics(registry)), store, registry
 
 
 def sample(registry, name, **labels):
@@ -188,7 +188,7 @@ async def test_malformed_payload_is_counted_and_nothing_applied():
 
 async def test_lag_histogram_observes_now_minus_batch_ts():
     registry = CollectorRegistry()
-    ing = PodIngestor("p", KEYER, RecordingStore(), IndexMetrics(registry), clock=lambda: 10.25)
+    ing = PodIngestor("p", KEYER, RecordingStore(), EventMetrics(registry), clock=lambda: 10.25)
     await ing.apply_payload(msgspec.msgpack.encode([10.0, [], 0]))
     assert registry.get_sample_value("kvgate_kv_event_lag_seconds_sum") == 0.25
     assert registry.get_sample_value("kvgate_kv_event_lag_seconds_count") == 1

@@ -14,7 +14,13 @@ from fastapi.responses import JSONResponse
 from bench.polling import wait_for_async
 from bench.ports import free_port
 from bench.tinymodel import ensure_tokenizer
-from kvindex.tokenization import EngineTokenizer, LocalTokenizer, Tokenization, TokenizationError
+from kvindex.tokenization import (
+    ChatPrompt,
+    EngineTokenizer,
+    LocalTokenizer,
+    Tokenization,
+    TokenizationError,
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +44,7 @@ async def engine_url(local):
                 {**m, "content": m["content"] if isinstance(m["content"], str) else "[media]"}
                 for m in body["messages"]
             ]
-            text = local.render_chat(text_only)
+            text = local.render_chat(ChatPrompt(text_only))
             return {"tokens": local.encode(text, body["add_special_tokens"]), "count": 0}
         return {"tokens": local.encode(body["prompt"], body["add_special_tokens"])}
 
@@ -63,7 +69,8 @@ async def test_engine_mode_asks_the_pod_with_vllm_request_fields(engine_url, loc
     engine = EngineTokenizer(url)
     tok = Tokenization("tiny", "engine", engine=engine)
     messages = [{"role": "user", "content": "Hi"}]
-    assert await tok.chat(messages) == local.encode(local.render_chat(messages), False)
+    prompt = ChatPrompt(messages)
+    assert await tok.chat(prompt) == local.encode(local.render_chat(prompt), False)
     assert seen == [
         {
             "model": "tiny",
@@ -73,7 +80,7 @@ async def test_engine_mode_asks_the_pod_with_vllm_request_fields(engine_url, loc
             "add_special_tokens": False,
         }
     ]
-    await tok.chat(messages)
+    await tok.chat(prompt)
     assert (tok.stats.engine, tok.stats.hits, len(seen)) == (1, 1, 1)
     await engine.aclose()
 
@@ -83,8 +90,10 @@ async def test_auto_mode_falls_back_to_the_engine_for_prompts_it_cannot_render(e
     engine = EngineTokenizer(url)
     tok = Tokenization("tiny", "auto", local, engine)
     messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
-    expected = local.encode(local.render_chat([{"role": "user", "content": "[media]"}]), False)
-    assert await tok.chat(messages) == expected
+    expected = local.encode(
+        local.render_chat(ChatPrompt([{"role": "user", "content": "[media]"}])), False
+    )
+    assert await tok.chat(ChatPrompt(messages)) == expected
     assert (tok.stats.fallbacks, tok.stats.engine, tok.stats.local) == (1, 1, 0)
     await engine.aclose()
 

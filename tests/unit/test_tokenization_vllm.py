@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.tinymodel import ensure_tokenizer
-from kvindex.tokenization import LocalTokenizer, Tokenization
+from kvindex.tokenization import ChatPrompt, LocalTokenizer, Tokenization
 
 VLLM_PYTHON = Path(
     os.environ.get("KVGATE_VLLM_PYTHON", Path.home() / ".cache/kvgate/vllm-venv/bin/python")
@@ -86,9 +86,8 @@ async def test_local_ids_equal_vllm_renderer_ids():
     tok = Tokenization("tiny", "local", LocalTokenizer(model_dir))
     ours = []
     for case in CASES:
-        case = dict(case)
-        if "messages" in case:
-            ours.append(await tok.chat(case.pop("messages"), **case))
+        if "messages" in case:  # the body vLLM parsed above, with its defaults
+            ours.append(await tok.chat(ChatPrompt.from_body(case)))
         else:
             ours.append(
                 await tok.completion(
