@@ -18,7 +18,7 @@ import pytest
 import zmq
 from openai import OpenAI
 
-from bench.gateway_proc import run_gateway
+from bench.gateway_proc import GatewayURL, run_gateway
 from bench.polling import wait_for
 from bench.vllm_pods import BLOCK_SIZE, MODEL_NAME, VllmServer
 from kvindex.events.ingest import PodIngestor
@@ -44,13 +44,13 @@ def _env(tokenizer_dir) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def rr_gateway(vllm_pods, tiny_tokenizer_dir) -> Iterator[str]:
+def rr_gateway(vllm_pods, tiny_tokenizer_dir) -> Iterator[GatewayURL]:
     with run_gateway(_pods(vllm_pods), "round-robin", env=_env(tiny_tokenizer_dir)) as url:
         yield url
 
 
-def _index_lookup_cli(gateway: str, body: dict) -> dict:
-    cmd = [sys.executable, "-m", "cli", "index", "--gateway", gateway, "--json",
+def _index_lookup_cli(gateway: GatewayURL, body: dict) -> dict:
+    cmd = [sys.executable, "-m", "cli", "index", "--gateway", gateway.admin, "--json",
            "lookup", "--model", MODEL_NAME]  # fmt: skip
     if "messages" in body:
         cmd += ["--messages", json.dumps(body["messages"])]
