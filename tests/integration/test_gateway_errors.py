@@ -7,22 +7,9 @@ import openai
 import pytest
 
 from tests.gateway_proc import free_port, run_gateway
+from tests.openai_errors import assert_openai_error
 
 MODEL = "kvgate-tiny-llama"
-
-
-def assert_openai_error(r: httpx.Response, status: int, *, param: str | None = None) -> dict:
-    assert r.status_code == status, r.text
-    assert r.headers["content-type"].startswith("application/json")
-    body = r.json()
-    assert set(body) == {"error"}
-    err = body["error"]
-    assert set(err) == {"message", "type", "param", "code"}
-    assert isinstance(err["message"], str) and err["message"]
-    assert isinstance(err["type"], str) and err["type"]
-    if param is not None:
-        assert err["param"] == param
-    return err
 
 
 @pytest.fixture(scope="module")
