@@ -120,6 +120,7 @@ class Proxy:
         request_id = client_request_id(request.headers)
         headers = {"x-request-id": request_id}
         model = ""
+        attempts: list[Attempt] = []  # each records its own outcome, exactly once
         try:
             raw = await read_limited(
                 request, self._s.max_body_bytes, self._s.timeouts.client_body_s
@@ -127,7 +128,6 @@ class Proxy:
             parsed = parse_body(raw, kind)
             self._tenancy.apply(parsed, request.headers)
             model = self._resolve_model(parsed)
-            attempts: list[Attempt] = []
             response = await unless_client_leaves(
                 request, self._dispatch(request, parsed, model, request_id, arrived, attempts)
             )
@@ -137,7 +137,8 @@ class Proxy:
                 return Response(status_code=CLIENT_CLOSED)
             return response
         except GatewayError as err:
-            self._count_unrouted(model, err.status)
+            if not any(a.recorded for a in attempts):
+                self._count_unrouted(model, err.status)
             return err.response(headers)
 
     def _count_unrouted(self, model: str, status: int) -> None:
