@@ -1,5 +1,7 @@
 """Local tokenization renders chat like vLLM 0.32 and caches by rendered prompt."""
 
+import threading
+
 import pytest
 
 from bench.tinymodel import ensure_tokenizer
@@ -80,6 +82,23 @@ async def test_long_prompts_are_encoded_off_the_event_loop_with_the_same_ids(loc
     prompt = "A cache keeps what was computed. " * 40
     assert await offloaded.completion(prompt) == await inline.completion(prompt)
     assert (offloaded.stats.offloaded, inline.stats.offloaded) == (1, 0)
+
+
+async def test_many_short_messages_are_rendered_off_the_event_loop(local, monkeypatch):
+    """Thousands of empty messages are render work without characters (issue D7)."""
+    rendered_on: list[str] = []
+    render = local.render_chat
+
+    def spy(prompt: ChatPrompt) -> str:
+        rendered_on.append(threading.current_thread().name)
+        return render(prompt)
+
+    monkeypatch.setattr(local, "render_chat", spy)
+    tok = Tokenization("tiny", "local", local, offload_chars=2048)
+    await tok.chat(ChatPrompt.from_body({"messages": [{"role": "user", "content": "hi"}] * 3}))
+    await tok.chat(ChatPrompt.from_body({"messages": [{"role": "user", "content": ""}] * 5000}))
+    main = threading.main_thread().name
+    assert rendered_on[0] == main and rendered_on[1] != main
 
 
 async def test_local_mode_reports_what_it_cannot_render(local):
