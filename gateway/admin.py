@@ -12,6 +12,9 @@ Handlers are module-level functions of the request, like ``gateway.app``'s; a
 
 from __future__ import annotations
 
+import contextlib
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -33,6 +36,7 @@ def admin_routes() -> list[Route]:
         Route("/admin/kv-events", kv_events, methods=["POST"]),
         Route("/admin/index/stats", index_stats, methods=["GET"]),
         Route("/admin/index/lookup", index_lookup, methods=["POST"]),
+        Route("/admin/bounds", bounds, methods=["GET"]),
     ]
 
 
@@ -121,6 +125,40 @@ async def index_lookup(request: Request) -> Response:
             "l2_blocks": match.l2,
         }
     )
+
+
+async def bounds(request: Request) -> Response:
+    """Every bounded structure's size, capacity and worst-case bytes; the process's RSS
+    and open file descriptors (``kvgate bench soak`` samples this every minute)."""
+    gw = _admin(request)
+    structures = {**gw.kv.bounds(), **gw.router.core.bounds()}
+    return JSONResponse(
+        {
+            "process": process_usage(),
+            "structures": {
+                name: {
+                    "size": b.size,
+                    "capacity": b.capacity,
+                    "unit": b.unit,
+                    "bytes_each": b.bytes_each,
+                    "worst_case_bytes": b.worst_case_bytes,
+                }
+                for name, b in sorted(structures.items())
+            },  # fmt: skip
+        }
+    )
+
+
+def process_usage() -> dict[str, int | None]:
+    """Resident memory and open file descriptors of this process (Linux /proc)."""
+    rss = fds = None
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) * 1024
+    with contextlib.suppress(OSError):
+        fds = len(os.listdir("/proc/self/fd"))
+    return {"rss_bytes": rss, "open_fds": fds}
 
 
 def _jsonable(value: Any) -> Any:

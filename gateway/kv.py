@@ -32,6 +32,7 @@ from kvindex.tokenization.engine import EngineTokenizer
 from kvindex.tokenization.front import Tokenization, TokenizationError
 from kvindex.tokenization.local import LocalTokenizer, UnsupportedPrompt
 from kvindex.tokenization.prompt import ChatPrompt
+from kvindex.types import Bound
 from routing.core import IndexAnswer
 
 log = logging.getLogger("kvgate.kv")
@@ -251,6 +252,8 @@ class KvIndex:
         if sub is not None:
             await sub.stop()
         self._http_ingestors.pop(name, None)
+        self._engines.pop(name, None)
+        self.event_metrics.forget_pod(name)
         await self.store.drop_pod(name)
 
     async def ingest_http(self, pod: Pod, body: bytes, content_type: str) -> int:
@@ -277,6 +280,21 @@ class KvIndex:
 
     def subscriber_stats(self) -> dict[str, Any]:
         return {name: sub.stats for name, sub in self._subscribers.items()}
+
+    def bounds(self) -> dict[str, Bound]:
+        """How full every bounded structure of the index side is (``/admin/bounds``)."""
+        store: Any = self.store
+        out: dict[str, Bound] = dict(store.bounds()) if hasattr(store, "bounds") else {}
+        ingestors = [s.ingestor for s in self._subscribers.values()]
+        for ingestor in [*ingestors, *self._http_ingestors.values()]:
+            out.update(ingestor.bounds())
+        for model, tok in self._tokenizers.items():
+            out[f"token_cache[{model}]"] = tok.cache.bound()
+        for model, keyer in self._keyers.items():
+            out[f"keyer_roots[{model}]"] = keyer.bound()
+        pending = Bound(len(self._pending), MAX_PENDING_SPECULATIONS, "writes", 2_000)
+        out["speculations_pending"] = pending
+        return out
 
     async def close(self) -> None:
         for task in list(self._pending):

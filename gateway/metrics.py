@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from kvindex.metrics import forget_label_value
+
 # Latency buckets from 5 ms to 2 min: TTFT spans cached hits to long queues.
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
@@ -102,3 +104,7 @@ class GatewayMetrics:
             ["model", "pod", "kind"],
             registry=registry,
         )
+
+    def forget_pod(self, pod: str) -> None:
+        """A pod left the fleet: its series go (pod names change on every rollout)."""
+        forget_label_value(vars(self).values(), "pod", pod)

@@ -67,6 +67,8 @@ async def running_gateway(
         registry.on_admit(kv.pod_admitted)
         registry.on_eject(kv.pod_ejected)
         registry.on_remove(kv.pod_removed)
+        registry.on_remove(core.load.forget)
+        registry.on_remove(metrics.forget_pod)
         router = Router(core, metrics, kv, settings.session_header, settings.session_body_field)
         proxy = Proxy(settings, client, registry, router, metrics)
         gw = Gateway(settings, registry, router, proxy, metrics, prometheus, client, kv)

@@ -20,7 +20,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kvindex.store import Cleared, IndexOp, IndexStats, IndexStore, Removed, Stored
-from kvindex.types import PrefixMatch
+from kvindex.types import Bound, PrefixMatch
 
 LOOKUP_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2)
 _OP_NAMES: dict[type, str] = {Stored: "stored", Removed: "removed", Cleared: "cleared"}
@@ -113,6 +113,10 @@ class InstrumentedStore:
         self.metrics.keys.set(stats.keys)
         self._last_refresh = self._clock()
         return stats
+
+    def bounds(self) -> dict[str, Bound]:
+        inner: Any = self.inner
+        return dict(inner.bounds()) if hasattr(inner, "bounds") else {}
 
     async def close(self) -> None:
         await self.inner.close()

@@ -27,11 +27,13 @@ from collections.abc import Sequence
 import xxhash
 
 from kvindex.lru import BoundedLRU
+from kvindex.types import Bound
 
 _XXH3 = xxhash.xxh3_64_intdigest
 _LE_U64 = struct.Struct("<Q")
 _ROOT_TAG = b"kvgate-v1"
 _ROOT_CACHE_CAPACITY = 1024  # distinct (lora, salt) pairs remembered per keyer
+ROOT_BYTES = 250  # a (lora, salt) key tuple with short strings, its root and LRU node
 MASK64 = (1 << 64) - 1
 
 
@@ -99,6 +101,9 @@ class BlockKeyer:
             root = root_key(self.model, lora_name, cache_salt)
             self._roots.put(key, root)
         return root
+
+    def bound(self) -> Bound:
+        return Bound(len(self._roots), _ROOT_CACHE_CAPACITY, "roots", ROOT_BYTES)
 
     def keys(self, token_ids: Sequence[int]) -> list[int]:
         """Keys of every full block of ``token_ids`` under the default root."""

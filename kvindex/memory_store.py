@@ -20,8 +20,8 @@ Speculative entries (``speculate``) say "the router just sent this prompt to
 that pod, so it will hold these blocks in L0 in a moment". They count as L0
 until their deadline unless a real ``Stored(L0)`` confirms them first.
 
-Sizing: about 300 bytes per key held by two pods (record, per-pod set entries,
-the key int), so ``capacity_keys=1_000_000`` is ~300 MB.
+Sizing: about 290 bytes per key held by two pods (``KEY_BYTES``: record, per-pod set
+entries, the key int), so ``capacity_keys=1_000_000`` is ~290 MB.
 
 Every method has a synchronous ``*_now`` twin for the discrete-event simulator,
 which drives the store with its own virtual ``clock``.
@@ -34,7 +34,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
 from kvindex.store import Cleared, IndexOp, IndexStats, Removed, Stored
-from kvindex.types import PodPrefix, PrefixMatch, Tier
+from kvindex.types import Bound, PodPrefix, PrefixMatch, Tier
+
+KEY_BYTES = 290  # a key held by two pods: record, per-pod set entries, the key (tracemalloc)
 
 
 class _Entry:
@@ -347,6 +349,9 @@ class MemoryStore:
                 break
             out[e.l2] = out.get(e.l2, 0) + 1
         return out
+
+    def bounds(self) -> dict[str, Bound]:
+        return {"index": Bound(len(self._entries), self.capacity, "keys", KEY_BYTES)}
 
     def stats_now(self) -> IndexStats:
         per_pod: dict[str, dict[str, int]] = {}

@@ -10,10 +10,31 @@ sets (``normalize_medium``), never from event content.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 _MEDIA = {"GPU": "GPU", "CPU": "CPU", "STORAGE": "STORAGE", "DISK": "STORAGE"}
 LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def forget_label_value(metrics: Iterable[object], label: str, value: str) -> int:
+    """Remove every series whose ``label`` is ``value`` (a pod that left the fleet: with
+    pods renamed on every rollout, keeping their series would grow without bound).
+
+    prometheus_client has no public listing of a metric's children, so this reads the
+    label tuples it keeps; returns the number of series removed."""
+    removed = 0
+    for metric in metrics:
+        names = getattr(metric, "_labelnames", ())
+        children = getattr(metric, "_metrics", None)
+        if label not in names or children is None:
+            continue
+        at = names.index(label)
+        for labels in [k for k in list(children) if k[at] == value]:
+            metric.remove(*labels)  # type: ignore[attr-defined]
+            removed += 1
+    return removed
 
 
 def normalize_medium(medium: object) -> str:
@@ -79,3 +100,7 @@ class EventMetrics:
             buckets=LAG_BUCKETS,
             registry=reg,
         )
+
+    def forget_pod(self, pod: str) -> None:
+        """Drop a departed pod's series."""
+        forget_label_value(vars(self).values(), "pod", pod)

@@ -34,10 +34,11 @@ from redis.exceptions import RedisError
 from kvindex.memory_store import MemoryStore
 from kvindex.redis_store import RedisStore
 from kvindex.store import IndexOp, IndexStats
-from kvindex.types import PrefixMatch
+from kvindex.types import Bound, PrefixMatch
 
 log = logging.getLogger(__name__)
 _ERRORS = (RedisError, OSError, asyncio.TimeoutError)
+BATCH_BYTES = 2_000  # a buffered batch of ~16 keys with positions (tracemalloc, typical)
 
 
 class ResilientMetrics:
@@ -161,6 +162,10 @@ class ResilientStore:
             except _ERRORS as exc:
                 self._failed(exc)
         return self.local.stats_now()
+
+    def bounds(self) -> dict[str, Bound]:
+        buffered = Bound(len(self._buffer), self._max_buffered, "batches", BATCH_BYTES)
+        return {**self.local.bounds(), "index.redis_outage_buffer": buffered}
 
     async def close(self) -> None:
         if self._probe is not None:

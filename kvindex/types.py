@@ -45,3 +45,20 @@ class PrefixMatch:
 
 
 _NOTHING = PodPrefix()
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """How full one bounded structure is, and what a unit of it costs in memory.
+
+    ``bytes_each`` is measured (tracemalloc, on CPython 3.11), so ``capacity *
+    bytes_each`` is the structure's worst case; ``/admin/bounds`` reports both."""
+
+    size: int
+    capacity: int
+    unit: str  # what size and capacity count: keys, entries, tokens ...
+    bytes_each: int
+
+    @property
+    def worst_case_bytes(self) -> int:
+        return self.capacity * self.bytes_each

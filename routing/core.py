@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvindex.types import PrefixMatch
+from kvindex.types import Bound, PrefixMatch
 from routing.load import InFlight, LoadTracker
 from routing.strategy_registry import build_strategy, canonical_name
 from routing.types import Decision, Need, Outcome, PodView, RouteRequest, Strategy
@@ -158,6 +158,14 @@ class RoutingCore:
         if session_key is not None and Need.SESSION in needs:
             req.session_key = session_key()
         return req
+
+    def bounds(self) -> dict[str, Bound]:
+        """Every bounded memory of the strategies, and the load tracker's pods."""
+        out = {"load.pods": self.load.bound()}
+        for strategy in self.strategies():
+            for name, bound in strategy.bounds().items():
+                out[f"{strategy.name}.{name}"] = bound
+        return out
 
     # -- one routing ----------------------------------------------------------------------
 

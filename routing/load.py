@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvindex.types import Bound
+
 
 @dataclass(slots=True)
 class PodLoad:
@@ -52,16 +54,32 @@ class InFlight:
         self._load.in_flight = max(0, self._load.in_flight - 1)
 
 
+MAX_PODS = 10_000  # pods tracked at once; the registry (discovery) has its own bound
+
+
 class LoadTracker:
     def __init__(self) -> None:
         self._pods: dict[str, PodLoad] = {}
+
+    def bound(self) -> Bound:
+        return Bound(len(self._pods), MAX_PODS, "pods", 200)
+
+    def __contains__(self, pod: object) -> bool:
+        return pod in self._pods
 
     def get(self, pod: str) -> PodLoad:
         return self._pods.get(pod) or PodLoad()
 
     def start(self, pod: str, prefill_tokens: int = 0) -> InFlight:
         """Count a request against ``pod`` now; call ``finish()`` in a ``finally``."""
-        return InFlight(self._pods.setdefault(pod, PodLoad()), prefill_tokens)
+        load = self._pods.get(pod)
+        if load is None:
+            if len(self._pods) >= MAX_PODS:  # pods that left without forget(): idle ones go
+                for name in [n for n, p in self._pods.items() if not p.in_flight]:
+                    del self._pods[name]
+            load = self._pods[pod] = PodLoad()
+        return InFlight(load, prefill_tokens)
 
     def forget(self, pod: str) -> None:
+        """The pod left the fleet: its (idle) counters go, in-flight ones finish alone."""
         self._pods.pop(pod, None)

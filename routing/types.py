@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from kvindex.types import PrefixMatch
+from kvindex.types import Bound, PrefixMatch
 
 
 @dataclass(slots=True)
@@ -155,6 +155,10 @@ class Strategy(abc.ABC):
     def observe(self, req: RouteRequest, decision: Decision, outcome: Outcome) -> None:
         """Feedback after the request finished (calibration, affinity memory)."""
         return None
+
+    def bounds(self) -> dict[str, Bound]:
+        """How full each memory the strategy keeps is (none by default)."""
+        return {}
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from kvindex.events.vllm_adapter import MalformedPayload, decode_payload
 from kvindex.keyer import BlockKeyer
 from kvindex.metrics import EventMetrics
 from kvindex.store import Cleared, IndexOp, IndexStore
+from kvindex.types import Bound
 
 log = logging.getLogger(__name__)
 MAX_RANKS = 64  # bounds the per-rank translators a stream can create
@@ -53,6 +54,10 @@ class PodIngestor:
             tr = EventTranslator(self.pod, self.keyer, self.metrics, self.map_capacity)
             self._translators[rank] = tr
         return tr
+
+    def bounds(self) -> dict[str, Bound]:
+        """The engine-hash map of each data-parallel rank seen so far."""
+        return {f"engine_map[{self.pod}/{r}]": t.map.bound() for r, t in self._translators.items()}
 
     async def apply_payload(self, payload: bytes, rank: int = 0) -> bool:
         """Decode and apply one msgpack payload; False (counted) when malformed."""

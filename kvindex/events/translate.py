@@ -118,7 +118,7 @@ class EventTranslator:
             return None
         if ev.block_size and ev.block_size != self.keyer.block_size:
             self._size_mismatch(ev.block_size)
-        keys, pos = self._learn(ev) if ev.token_ids else self._resolve(ev.hashes)
+        keys, pos = self._learn(ev, tier) if ev.token_ids else self._resolve(ev.hashes, tier)
         if not keys:
             return None
         self.stats.blocks_stored += len(keys)
@@ -130,7 +130,7 @@ class EventTranslator:
         if tier is None or not self._indexed(ev.group_idx):
             self.stats.ignored += 1
             return None
-        keys, pos = self._resolve(ev.hashes)
+        keys, pos = self._resolve(ev.hashes, tier, removed=True)
         if not keys:
             return None
         self.stats.blocks_removed += len(keys)
@@ -139,9 +139,10 @@ class EventTranslator:
 
     def _cleared(self, ev: EngineCleared) -> Cleared:
         self._count("AllBlocksCleared", None)
+        self.map.release_all(POD_TIERS)
         return Cleared(POD_TIERS)
 
-    def _learn(self, ev: EngineStored) -> tuple[list[int], Positions | None]:
+    def _learn(self, ev: EngineStored, tier: Tier) -> tuple[list[int], Positions | None]:
         """Router keys (and their chain positions) of a BlockStored with tokens;
         remembers engine hash → keys."""
         size = self.keyer.block_size
@@ -167,13 +168,12 @@ class EventTranslator:
         learn = self.map.learn
         if per == 1:
             for i, (engine_hash, key) in enumerate(zip(ev.hashes, keys, strict=True)):
-                learn(engine_hash, key, depth + i, pos.anchors[i], pos.parents[i])
+                learn(engine_hash, key, depth + i, pos.anchors[i], pos.parents[i], tier)
         else:
             for i, engine_hash in enumerate(ev.hashes):
                 j = i * per
-                learn(
-                    engine_hash, tuple(keys[j : j + per]), depth + j, pos.anchors[j], pos.parents[j]
-                )
+                block = tuple(keys[j : j + per])
+                learn(engine_hash, block, depth + j, pos.anchors[j], pos.parents[j], tier)
         return keys, pos
 
     def _chain_start(self, ev: EngineStored) -> tuple[int, int, int] | None:
@@ -189,15 +189,18 @@ class EventTranslator:
         key, depth, anchor = found.tail()
         return key, depth + 1, anchor
 
-    def _resolve(self, hashes: list[Any]) -> tuple[list[int], Positions]:
+    def _resolve(
+        self, hashes: list[Any], tier: Tier, removed: bool = False
+    ) -> tuple[list[int], Positions]:
+        """Keys of hash-only events, marking the tier held (or released, ``removed``)."""
         keys: list[int] = []
         offsets: list[int] = []
         anchors: list[int] = []
         parents: list[int] = []
         unknown = 0
-        entry = self.map.entry
+        mark = self.map.release if removed else self.map.hold
         for engine_hash in hashes:
-            found = entry(engine_hash)
+            found = mark(engine_hash, tier)
             if found is None:
                 unknown += 1
                 continue

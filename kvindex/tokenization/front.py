@@ -25,9 +25,11 @@ from kvindex.lru import BoundedLRU
 from kvindex.tokenization.engine import EngineTokenizeError, EngineTokenizer
 from kvindex.tokenization.local import LocalTokenizer, UnsupportedPrompt
 from kvindex.tokenization.prompt import ChatPrompt
+from kvindex.types import Bound
 
 Mode = Literal["local", "engine", "auto"]
 DEFAULT_CACHE_TOKENS = 4_000_000  # ~16 MB of uint32 ids
+TOKEN_BYTES = 4  # uint32 ids; an entry's own overhead (~200 B) is noise at prompt sizes
 DEFAULT_OFFLOAD_CHARS = 2048  # ~1 ms of encoding: above this a thread hop pays off
 
 
@@ -57,6 +59,9 @@ class TokenCache:
     def tokens(self) -> int:
         """Token ids held, in all entries."""
         return self._lru.size
+
+    def bound(self) -> Bound:
+        return Bound(self.tokens, self.capacity_tokens, "tokens", TOKEN_BYTES)
 
     def __len__(self) -> int:
         return len(self._lru)

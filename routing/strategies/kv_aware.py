@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvindex.lru import BoundedLRU
-from kvindex.types import PrefixMatch
+from kvindex.types import Bound, PrefixMatch
 from routing.calibration import Calibrator
 from routing.cost_model import CostModel, as_cost_model
 from routing.strategy_registry import register
@@ -107,6 +107,11 @@ class KvAware(Strategy):
         self._calibration = dict(calibration or {})
         self._calibrators: BoundedLRU[str, Calibrator] = BoundedLRU(max_models)
         Calibrator(self.default_cost, **self._calibration)  # bad options fail at start-up
+
+    def bounds(self) -> dict[str, Bound]:
+        """Calibrators, one per model seen (a full 128-point window is ~17 kB)."""
+        cal = self._calibrators
+        return {"calibrators": Bound(len(cal), cal.capacity, "models", 17_000)}
 
     def cost_model(self, model: str) -> CostModel:
         """The model's current cost model (calibrated if calibration is on)."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvindex.lru import BoundedLRU
-from kvindex.types import PrefixMatch
+from kvindex.types import Bound, PrefixMatch
 from routing.strategy_registry import register
 from routing.types import (
     Decision,
@@ -68,6 +68,9 @@ class PrefixAware(Strategy):
     @property
     def remembered(self) -> int:
         return len(self._holders)
+
+    def bounds(self) -> dict[str, Bound]:
+        return {"prefixes": Bound(len(self._holders), self._holders.capacity, "hashes", 190)}
 
     def pick(
         self,

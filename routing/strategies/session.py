@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import xxhash
 
 from kvindex.lru import BoundedLRU
-from kvindex.types import PrefixMatch
+from kvindex.types import Bound, PrefixMatch
 from routing.strategy_registry import register
 from routing.types import (
     Decision,
@@ -57,6 +57,13 @@ class SessionAffinity(Strategy):
     @property
     def remembered(self) -> int:
         return len(self._homes) if self._homes is not None else 0
+
+    def bounds(self) -> dict[str, Bound]:
+        capacity = self._homes.capacity if self._homes is not None else 0
+        return {
+            "sessions": Bound(self.remembered, capacity, "sessions", 140),
+            "pod_seeds": Bound(len(self._pod_seeds), _POD_SEEDS_CAPACITY, "pods", 150),
+        }
 
     def pick(
         self,

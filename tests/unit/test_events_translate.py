@@ -203,6 +203,32 @@ def test_engine_key_map_evicts_the_least_recently_used_hash():
     assert (m.get(2), m.get(1), m.get(3), len(m), m.evictions) == (None, 10, 30, 2, 1)
 
 
+async def test_a_hash_is_forgotten_once_no_tier_holds_its_block():
+    """The map follows the pod's cache: it does not fill up with evicted blocks."""
+    ing, store, _ = setup()
+    await ing.apply_payload(payload(stored([11, 12], None, TOKENS[:8])))
+    await ing.apply_payload(payload(stored([12], None, [], medium="CPU", block_size=0)))
+    assert len(ing.translator().map) == 2
+    await ing.apply_payload(payload(removed([11, 12])))  # GPU copies evicted
+    assert len(ing.translator().map) == 1  # 12 is still in host memory
+    await ing.apply_payload(payload(removed([12], medium="CPU")))
+    assert len(ing.translator().map) == 0
+    keys = KEYER.keys(TOKENS[:8])
+    assert store.ops()[-2:] == [Removed(Tier.L0, keys), Removed(Tier.L1, keys[1:])]
+
+
+async def test_all_blocks_cleared_forgets_hashes_held_only_by_the_pod():
+    ing, _, _ = setup()
+    await ing.apply_payload(payload(stored([11, 12], None, TOKENS[:8])))
+    await ing.apply_payload(payload(stored([12], None, [], medium="STORAGE", block_size=0,
+                                           locality="REMOTE")))  # fmt: skip
+    await ing.apply_payload(payload({"type": "AllBlocksCleared"}))
+    assert (ing.translator().map.get(11), ing.translator().map.get(12)) == (
+        None,
+        KEYER.keys(TOKENS[:8])[1],
+    )
+
+
 async def test_ops_carry_chain_positions_across_events_and_hash_only_events():
     """Depth, group anchor and parent follow the chain through parent hashes, so
     removals and tokenless offloads can name the groups they touch."""
