@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +24,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_quick(sub)
     _add_index(sub)
     _add_des(sub)
+    _add_soak(sub)
+
+
+def _add_soak(sub: argparse._SubParsersAction) -> None:
+    from bench.soak import SoakPlan
+
+    d = SoakPlan()
+    p = sub.add_parser(
+        "soak",
+        help="hours of steady load with disconnects: RSS, fds and every bounded structure "
+        "each minute",
+        description="Starts simulated pods and a gateway (KV events on), sends Poisson "
+        "arrivals with a share of clients leaving early, samples /admin/bounds each "
+        "minute and judges whether memory stayed flat after the settle minute.",
+    )
+    p.add_argument("--minutes", type=float, default=d.minutes)
+    p.add_argument("--rate", type=float, default=d.rate, help="requests per second")
+    p.add_argument("--disconnects", type=float, default=d.disconnects,
+                   help="share of clients that leave before the answer ends")  # fmt: skip
+    p.add_argument("--strategy", default=d.strategy)
+    p.add_argument("--pods", type=int, default=d.pods)
+    p.add_argument("--settle-minute", type=int, default=d.settle_minute)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--out", type=Path, default=Path("reports/soak"))
+    p.set_defaults(bench_func=_soak)
+
+
+def _soak(args: argparse.Namespace) -> int:
+    from bench.soak import SoakPlan, run_soak
+
+    plan = SoakPlan(
+        minutes=args.minutes,
+        rate=args.rate,
+        disconnects=args.disconnects,
+        strategy=args.strategy,
+        pods=args.pods,
+        settle_minute=args.settle_minute,
+        seed=args.seed,
+    )
+    return 0 if run_soak(plan, args.out).passed else 1
 
 
 def _add_quick(sub: argparse._SubParsersAction) -> None:
