@@ -109,7 +109,7 @@ def sim_cost_model(overrides: dict[str, object], block_size: int) -> CostModel:
 
 def _original() -> Profile:
     # Fitted by routing.cost_model.fit_original_deployment to the original deployment's
-    # published points (shared/VLLM_NOTES.md): Qwen2-7B fp16 on one A10G per replica,
+    # published points (see routing/cost_model.py): Qwen2-7B fp16 on one A10G per replica,
     # LMCache fs:// on a shared Curvine mount as L2. 1,925 tokens from L2 in ~56 ms;
     # 2,500 tokens cold 774 ms vs L2 hit 287 ms; 500 tokens 0.99x.
     fit = fit_original_deployment()

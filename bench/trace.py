@@ -13,6 +13,7 @@ small machines; ``speedup`` compresses time.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +22,11 @@ from bench.prompts import filler_word, token_block
 from bench.workloads import Workload
 
 MOONCAKE_BLOCK_TOKENS = 512
-DEFAULT_TRACE = Path("/work/shared/data/mooncake_synthetic_trace.jsonl")
+# A Mooncake-format trace kept beside the repository on the project's machines (not
+# shipped with it); KVGATE_TRACE or --trace names another.
+DEFAULT_TRACE = Path(
+    os.environ.get("KVGATE_TRACE", "/work/shared/data/mooncake_synthetic_trace.jsonl")
+)
 
 
 @dataclass(frozen=True, slots=True)

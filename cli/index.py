@@ -1,4 +1,4 @@
-"""``kvgate index``: inspect a running gateway's KV index over its admin API."""
+"""``kvgate index``: inspect a running gateway's KV index over its admin listener."""
 
 from __future__ import annotations
 
@@ -17,10 +17,14 @@ from rich.table import Table
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gateway",
-        default=os.environ.get("KVGATE_URL", "http://127.0.0.1:8000"),
-        help="gateway base URL (default $KVGATE_URL or http://127.0.0.1:8000)",
+        default=os.environ.get("KVGATE_ADMIN_URL", "http://127.0.0.1:8001"),
+        help="the gateway's admin listener (default $KVGATE_ADMIN_URL or http://127.0.0.1:8001)",
     )
-    parser.add_argument("--api-key", default=os.environ.get("KVGATE_API_KEY"))
+    parser.add_argument(
+        "--admin-key",
+        default=os.environ.get("KVGATE_ADMIN_KEY"),
+        help="an admin key (admin.api_keys; default $KVGATE_ADMIN_KEY); client keys do not work",
+    )
     parser.add_argument("--json", action="store_true", help="print the raw JSON answer")
     sub = parser.add_subparsers(dest="index_command", required=True)
     sub.add_parser("stats", help="index size, backend and event subscribers")
@@ -36,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     console = Console()
-    headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    headers = {"authorization": f"Bearer {args.admin_key}"} if args.admin_key else {}
     base = args.gateway.rstrip("/")
     try:
         if args.index_command == "lookup":

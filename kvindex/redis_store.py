@@ -44,14 +44,10 @@ string in full) and 110-200 µs in all for 2048 keys, against ~20 µs for the
 summaries' MGET and 100-200 µs for a loopback round trip on this VM. Redis is
 the shared resource; the walk runs in the gateway replicas, which scale out.
 
-Measured (``kvgate bench index``, 2-core VM, lightly loaded), 32k-token prompts:
-a full hit (four pods, every tier, one pod's L0 ending mid-prompt) p50 ~0.35 ms,
-p99 0.6-0.8 ms; a cached 3/4 prefix then new blocks (two round trips) p50
-~0.55 ms, p99 0.9-1.0 ms. Reading every block key instead took p50 1.0-1.2 ms,
-p99 1.9-3.0 ms (MGET alone 0.26-0.64 ms of Redis time). Writes cost more (the
-script keeps the structure and rewrites summaries): 75-90k blocks/s applied,
-~40-45k blocks/s through the full event path; memory ~240 bytes per block with
-positions against ~150 without.
+What this costs, lookups against reading every block key and writes against
+lookups, is measured by ``kvgate bench index`` (numbers in docs/performance.md):
+summaries make a 32k-token lookup about three times cheaper and writes about half
+as fast, and cost ~90 more bytes per block in Redis.
 
 Why it stays flat in memory: every write of a block refreshes a TTL
 (``key_ttl_s``, default 1 h), so blocks whose removal events were lost still go

@@ -5,7 +5,7 @@ Cached L0 tokens cost nothing; L1/L2 tokens cost a fixed latency plus bytes over
 bandwidth; the rest is prefilled at a fixed overhead plus a per-token time.
 
 Defaults: the original deployment (Qwen2-7B fp16 on A10G, LMCache ``fs://`` on a
-shared Curvine mount as L2). Published points (see shared/VLLM_NOTES.md):
+shared Curvine mount as L2). Its published points:
 
   P1  KV per token = 2 (K,V) x 28 layers x 4 KV heads x 128 dims x 2 B = 57,344 B (56 KiB)
   P2  1,925 tokens loaded from L2 in ~56 ms

@@ -20,8 +20,9 @@ winner's TTFT alone. ``observe`` feeds each model's ``Calibrator`` with the obse
 Why the eviction cost: ranking by TTFT alone spills a hot prefix to another pod as
 soon as the holder's queue exceeds a full prefill elsewhere. Under cache pressure that
 duplicates the prefix and evicts other prefixes from the receiving pod, whose next
-requests then recompute and queue, which makes the next spill likelier (in the quick
-preset's DES, kv-aware's RAG TTFT p90 ranged 70-516 ms over 10 seeds, cached 89%).
+requests then recompute and queue, which makes the next spill likelier: the tail
+varies from seed to seed (``kvgate bench des --preset quick --seeds 0,...,9`` with
+``eviction_weight`` 0 shows it; docs/performance.md has the numbers).
 With the cost a pod that lacks the prefix must beat the holder by what its write
 evicts: for a cold prompt that is the same everywhere (no effect), for a prefix held in
 L2 it is an L2 load (spilling stays cheap), without lower tiers it is a recompute.

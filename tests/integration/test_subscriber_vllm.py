@@ -1,6 +1,6 @@
 """KVEventSubscriber against vLLM 0.32's own ZmqEventPublisher (PUB + replay ROUTER).
 
-The publisher runs in vLLM's venv (``~/.cache/kvgate/vllm-venv``, VLLM_NOTES.md) and
+The publisher runs in vLLM's venv (``~/.cache/kvgate/vllm-venv``, docs/vllm.md) and
 publishes real ``KVEventBatch``es on command; skipped where that venv is missing.
 Three batches go out before the subscriber connects, so the test also proves the
 bootstrap replay against vLLM's ROUTER and its reply/end-marker framing.
@@ -44,7 +44,7 @@ pub.shutdown()
 @pytest.mark.e2e
 async def test_subscriber_follows_vllms_own_publisher_including_bootstrap_replay():
     if not VLLM_PYTHON.exists():
-        pytest.skip("needs the vLLM venv (see VLLM_NOTES.md)")
+        pytest.skip("needs the vLLM venv (make test installs it; docs/vllm.md)")
     port, replay_port = free_port(), free_port()
     proc = await asyncio.create_subprocess_exec(
         str(VLLM_PYTHON), "-c", PUBLISHER, str(port), str(replay_port),

@@ -1,4 +1,4 @@
-"""The package map of DESIGN.md holds: who may import whom, and where tooling lives."""
+"""The package map of docs/architecture.md holds: who may import whom, where tooling lives."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Hardware profiles: the original deployment's single-request sweep, reproduced.
 
-Published points (shared/VLLM_NOTES.md): at 2,500 tokens cold 774 ms vs L2 hit
+Published points (routing/cost_model.py): at 2,500 tokens cold 774 ms vs L2 hit
 287 ms (2.7x); at 500 tokens an L2 hit is no faster than recompute (0.99x);
 1,925 tokens load from L2 in ~56 ms. Requests go through the same pure pod model
 the simulators use: pod A computes the prompt and writes it to the shared L2,

@@ -1,6 +1,6 @@
 """LocalTokenizer ids equal vLLM 0.32's own renderer (ChatCompletionRequest → renderer).
 
-Runs vLLM's code in its own venv (``~/.cache/kvgate/vllm-venv``, see VLLM_NOTES.md)
+Runs vLLM's code in its own venv (``~/.cache/kvgate/vllm-venv``, see docs/vllm.md)
 on the tiny model; skipped where that venv or the model's weights are missing.
 """
 
@@ -76,7 +76,7 @@ CASES = [
 async def test_local_ids_equal_vllm_renderer_ids():
     model_dir = ensure_tokenizer()
     if not VLLM_PYTHON.exists() or not (model_dir / "config.json").exists():
-        pytest.skip("needs the vLLM venv and the tiny model's config (see VLLM_NOTES.md)")
+        pytest.skip("needs the vLLM venv and the tiny model's config (make test installs them)")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(
         [str(VLLM_PYTHON), "-c", VLLM_SIDE, str(model_dir), json.dumps(CASES)],

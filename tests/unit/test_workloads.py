@@ -9,7 +9,7 @@ import pytest
 
 from bench.prompts import count_tokens, text_of_tokens, token_block
 from bench.tinymodel import ensure_tokenizer
-from bench.trace import load_trace, trace_workload
+from bench.trace import DEFAULT_TRACE, load_trace, trace_workload
 from bench.workloads import (
     chat_workload,
     poisson_arrivals,
@@ -110,7 +110,7 @@ def test_trace_scaling_shrinks_lengths_in_proportion(tok, tmp_path):
 
 
 def test_the_shared_mooncake_trace_loads_without_bad_lines():
-    load = load_trace(Path("/work/shared/data/mooncake_synthetic_trace.jsonl"), limit=500)
-    if not load.rows:
-        pytest.skip("shared trace not present on this machine")
+    if not DEFAULT_TRACE.exists():
+        pytest.skip(f"the Mooncake trace is not on this machine ({DEFAULT_TRACE}; KVGATE_TRACE)")
+    load = load_trace(DEFAULT_TRACE, limit=500)
     assert len(load.rows) == 500 and load.skipped == 0
