@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import logging
 import random
@@ -143,6 +144,7 @@ class PodDiscovery:
         self.namespace = settings.namespace or _own_namespace()
 
     async def start(self) -> None:
+        require_kubernetes_client()
         self._task = asyncio.create_task(self._run(), name="kvgate-discovery")
 
     async def stop(self) -> None:
@@ -291,6 +293,15 @@ class RegistrySink:
 
     async def remove(self, name: str) -> None:
         await self._registry.remove(name)
+
+
+def require_kubernetes_client() -> None:
+    """Fail at start-up, saying what to install, when the ``k8s`` extra is missing."""
+    if importlib.util.find_spec("kubernetes_asyncio") is None:
+        raise RuntimeError(
+            "discovery.enabled needs the Kubernetes client: pip install 'kvgate[k8s]' "
+            "(the container image: docker build --build-arg EXTRAS=k8s)"
+        )
 
 
 async def _api_client(kubeconfig: str | None) -> Any:

@@ -60,12 +60,24 @@ def test_entrypoint_serves_the_gateway_and_healthcheck_probes_health():
     assert stage["EXPOSE"] == "8000"
 
 
-def test_only_runtime_dependencies_are_installed():
+def test_only_runtime_dependencies_and_the_asked_extras_are_installed():
     pip_steps = [arg for op, arg in instructions() if op == "RUN" and "pip " in arg]
     assert pip_steps == [
-        "pip wheel --no-cache-dir --wheel-dir /wheels .",
-        "pip install --no-cache-dir --no-index /wheels/*.whl && rm -rf /wheels",
+        'pip wheel --no-cache-dir --wheel-dir /wheels ".${EXTRAS:+[$EXTRAS]}"',
+        'pip install --no-cache-dir --no-index --find-links /wheels '
+        '"$(echo /wheels/kvgate-*.whl)${EXTRAS:+[$EXTRAS]}" && rm -rf /wheels',
     ]
+    assert ("ARG", 'EXTRAS=""') in instructions()  # nothing extra unless asked
+
+
+def test_bench_and_k8s_needs_are_extras_not_runtime_dependencies():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    runtime = " ".join(project["dependencies"])
+    for extra_only in ("matplotlib", "openai", "kubernetes_asyncio"):
+        assert extra_only not in runtime
+    extras = project["optional-dependencies"]
+    assert any(d.startswith("matplotlib") for d in extras["bench"])
+    assert any(d.startswith("kubernetes_asyncio") for d in extras["k8s"])
 
 
 def test_build_context_copies_every_package_the_wheel_includes_and_the_readme():
