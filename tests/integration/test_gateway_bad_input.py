@@ -11,10 +11,8 @@ import time
 import httpx
 import pytest
 
-from bench.gateway_proc import run_gateway
-from bench.sim.launch import sim_fleet
-from bench.tinymodel import ensure_tokenizer
 from tests.openai_errors import assert_openai_error
+from tests.sim_gateway import model_env, sim_pods_and_gateway
 
 MODEL = "kvgate-tiny-llama"
 BLOCK = 32
@@ -23,18 +21,8 @@ BLOCK = 32
 @pytest.fixture(scope="module")
 def gateway():
     """kv-aware with a local tokenizer, short client deadlines, events on."""
-    models = {MODEL: {"block_size": BLOCK, "tokenizer": str(ensure_tokenizer())}}
-    env = {
-        "KVGATE_MODELS": json.dumps(models),
-        "KVGATE_TIMEOUTS__CLIENT_HEADERS_S": "1",
-        "KVGATE_TIMEOUTS__CLIENT_BODY_S": "1",
-    }
-    with (
-        sim_fleet(2, kv_events=True, block_size=BLOCK, itl_s=0.001, default_max_tokens=2) as pods,
-        run_gateway(
-            [(p.name, f"{p.url},events={p.events_endpoint}") for p in pods], "kv-aware", env=env
-        ) as gw,
-    ):
+    env = model_env(KVGATE_TIMEOUTS__CLIENT_HEADERS_S="1", KVGATE_TIMEOUTS__CLIENT_BODY_S="1")
+    with sim_pods_and_gateway(2, "kv-aware", env) as (_, gw):
         yield gw
 
 

@@ -14,9 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.gateway_proc import run_gateway
-from bench.sim.launch import sim_fleet
-from bench.tinymodel import ensure_tokenizer
+from tests.sim_gateway import model_env, sim_pods_and_gateway
 
 MODEL = "kvgate-tiny-llama"
 BLOCK = 32
@@ -88,13 +86,9 @@ def _encode(body: object) -> bytes:
 
 @pytest.fixture(scope="module")
 def gateway():
-    models = {MODEL: {"block_size": BLOCK, "tokenizer": str(ensure_tokenizer())}}
-    env = {"KVGATE_MODELS": json.dumps(models), "KVGATE_MAX_BODY_BYTES": "65536"}
+    env = model_env(KVGATE_MAX_BODY_BYTES="65536")
     with (
-        sim_fleet(2, kv_events=True, block_size=BLOCK, itl_s=0.0, default_max_tokens=2) as pods,
-        run_gateway(
-            [(p.name, f"{p.url},events={p.events_endpoint}") for p in pods], "kv-aware", env=env
-        ) as gw,
+        sim_pods_and_gateway(2, "kv-aware", env, itl_s=0.0) as (_, gw),
         httpx.Client(timeout=30) as client,
     ):
         yield gw, client
@@ -114,36 +108,21 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                                        HealthCheck.too_slow])  # fmt: skip
 
 
+ENDPOINTS = [
+    ("/v1/chat/completions", chat_body | raw_bytes),
+    ("/v1/completions", completion_body | raw_bytes),
+    ("/tokenize", tokenize_body | raw_bytes),
+    ("/detokenize", detokenize_body | raw_bytes),
+    ("admin /admin/index/lookup", chat_body | completion_body | raw_bytes),
+]
+
+
+@pytest.mark.parametrize(("endpoint", "bodies"), ENDPOINTS, ids=[e for e, _ in ENDPOINTS])
 @FUZZ
-@given(body=chat_body | raw_bytes)
-def test_chat_completions(gateway, body):
+@given(data=st.data())
+def test_no_5xx_and_every_4xx_in_the_openai_shape(gateway, endpoint, bodies, data):
     gw, client = gateway
-    _check(client, f"{gw}/v1/chat/completions", body)
-
-
-@FUZZ
-@given(body=completion_body | raw_bytes)
-def test_completions(gateway, body):
-    gw, client = gateway
-    _check(client, f"{gw}/v1/completions", body)
-
-
-@FUZZ
-@given(body=tokenize_body | raw_bytes)
-def test_tokenize(gateway, body):
-    gw, client = gateway
-    _check(client, f"{gw}/tokenize", body)
-
-
-@FUZZ
-@given(body=detokenize_body | raw_bytes)
-def test_detokenize(gateway, body):
-    gw, client = gateway
-    _check(client, f"{gw}/detokenize", body)
-
-
-@FUZZ
-@given(body=chat_body | completion_body | raw_bytes)
-def test_admin_index_lookup(gateway, body):
-    gw, client = gateway
-    _check(client, f"{gw.admin}/admin/index/lookup", body)
+    base, path = (
+        (gw.admin, endpoint.split()[1]) if endpoint.startswith("admin ") else (gw, endpoint)
+    )
+    _check(client, f"{base}{path}", data.draw(bodies, label="body"))

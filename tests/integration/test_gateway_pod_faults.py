@@ -4,7 +4,6 @@ Real gateway, simulated pods with injected faults."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 
@@ -14,6 +13,7 @@ from bench.gateway_proc import run_gateway
 from bench.polling import metric_value, wait_for
 from bench.sim.launch import sim_fleet
 from tests.openai_errors import assert_openai_error
+from tests.sim_gateway import model_env, sim_pods_and_gateway
 
 MODEL = "kvgate-tiny-llama"
 BLOCK = 32
@@ -69,16 +69,8 @@ def test_a_streamed_request_to_a_hung_pod_gets_504_within_the_first_byte_deadlin
 
 
 def test_a_pod_whose_tokenize_hangs_delays_requests_only_by_the_tokenize_timeout():
-    env = {
-        "KVGATE_MODELS": json.dumps({MODEL: {"block_size": BLOCK, "tokenizer_mode": "engine"}}),
-        "KVGATE_TIMEOUTS__TOKENIZE_S": "0.5",
-    }
-    with (
-        sim_fleet(2, kv_events=True, block_size=BLOCK, itl_s=0.001, default_max_tokens=2) as pods,
-        run_gateway(
-            [(p.name, f"{p.url},events={p.events_endpoint}") for p in pods], "kv-aware", env=env
-        ) as gw,
-    ):
+    env = model_env("engine", KVGATE_TIMEOUTS__TOKENIZE_S="0.5")
+    with sim_pods_and_gateway(2, "kv-aware", env) as (pods, gw):
         _arm(pods[0].url, "hang_tokenize", 1000)
         took = []
         for i in range(6):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import httpx
 import pytest
 
@@ -13,6 +11,7 @@ from bench.prompts import text_of_tokens
 from bench.redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
 from bench.sim.launch import sim_fleet
 from bench.tinymodel import ensure_tokenizer
+from tests.sim_gateway import model_env
 
 MODEL = "kvgate-tiny-llama"
 BLOCK = 32
@@ -21,13 +20,7 @@ pytestmark = [pytest.mark.redis, pytest.mark.skipif(REDIS_SERVER is None, reason
 
 
 def _env(redis_url: str) -> dict[str, str]:
-    return {
-        "KVGATE_MODELS": json.dumps(
-            {MODEL: {"block_size": BLOCK, "tokenizer": str(ensure_tokenizer())}}
-        ),
-        "KVGATE_INDEX__BACKEND": "redis",
-        "KVGATE_INDEX__REDIS_URL": redis_url,
-    }
+    return model_env(KVGATE_INDEX__BACKEND="redis", KVGATE_INDEX__REDIS_URL=redis_url)
 
 
 def _spec(pod) -> str:

@@ -4,27 +4,20 @@ forwarded credentials, tenant salts. Real gateways and simulated pods on loopbac
 
 from __future__ import annotations
 
-import json
-
 import httpx
 import msgspec
 import pytest
 
 from bench.gateway_proc import run_gateway
 from bench.sim.launch import sim_fleet
-from bench.tinymodel import ensure_tokenizer
 from tests.openai_errors import assert_openai_error
+from tests.sim_gateway import model_env
 
 MODEL = "kvgate-tiny-llama"
 BLOCK = 32
 CLIENT = {"authorization": "Bearer sk-client"}
 ADMIN = {"authorization": "Bearer adm-1"}
 SYSTEM = " ".join(f"policy clause {i} is confidential" for i in range(120))
-
-
-def _models_env(**extra: str) -> dict[str, str]:
-    models = {MODEL: {"block_size": BLOCK, "tokenizer": str(ensure_tokenizer())}}
-    return {"KVGATE_MODELS": json.dumps(models), **extra}
 
 
 def _chat(question: str, **extra: object) -> dict:
@@ -57,7 +50,7 @@ def locked(fleet):
     """Client keys, admin keys, and pod b with its own events key."""
     a, b = fleet
     pods = [(a.name, f"{a.url},events={a.events_endpoint}"), (b.name, f"{b.url},events_key=ev-b")]
-    env = _models_env(KVGATE_API_KEYS="sk-client", KVGATE_ADMIN__API_KEYS="adm-1")
+    env = model_env(KVGATE_API_KEYS="sk-client", KVGATE_ADMIN__API_KEYS="adm-1")
     with run_gateway(pods, strategy="kv-aware", env=env) as gw:
         yield gw
 
@@ -99,7 +92,7 @@ def test_a_pod_posts_its_own_events_with_its_events_key_and_no_other_pods(locked
 
 def test_admin_bodies_over_their_limit_are_413(fleet):
     a, _ = fleet
-    env = _models_env(KVGATE_ADMIN__MAX_BODY_BYTES="4096")
+    env = model_env(KVGATE_ADMIN__MAX_BODY_BYTES="4096")
     with run_gateway([(a.name, a.url)], env=env) as gw:
         r = httpx.post(f"{gw.admin}/admin/kv-events?pod={a.name}", content=b"[" * 5000)
         assert_openai_error(r, 413)
@@ -107,7 +100,7 @@ def test_admin_bodies_over_their_limit_are_413(fleet):
 
 def test_lookups_of_models_nobody_serves_are_404_and_add_no_metric_series(fleet):
     a, _ = fleet
-    with run_gateway([(a.name, a.url)], env=_models_env()) as gw:
+    with run_gateway([(a.name, a.url)], env=model_env()) as gw:
         for i in range(5):
             r = httpx.post(f"{gw.admin}/admin/index/lookup", json={"model": f"guess-{i}",
                                                                    "prompt": "x"})  # fmt: skip
@@ -132,7 +125,7 @@ def test_the_clients_gateway_key_never_reaches_a_pod(locked, fleet):
 
 def test_without_gateway_keys_the_clients_authorization_passes_through(fleet):
     a, _ = fleet
-    with run_gateway([(a.name, a.url)], env=_models_env()) as gw:
+    with run_gateway([(a.name, a.url)], env=model_env()) as gw:
         r = httpx.post(f"{gw}/v1/chat/completions", json=_chat("q3"),
                        headers={"authorization": "Bearer pod-token"})  # fmt: skip
         assert r.status_code == 200
@@ -141,7 +134,7 @@ def test_without_gateway_keys_the_clients_authorization_passes_through(fleet):
 
 def test_metrics_can_move_to_the_admin_listener(fleet):
     a, _ = fleet
-    with run_gateway([(a.name, a.url)], env=_models_env(KVGATE_ADMIN__METRICS="true")) as gw:
+    with run_gateway([(a.name, a.url)], env=model_env(KVGATE_ADMIN__METRICS="true")) as gw:
         assert_openai_error(httpx.get(f"{gw}/metrics"), 404)
         assert "kvgate_requests_total" in httpx.get(f"{gw.admin}/metrics").text
 
@@ -164,7 +157,7 @@ def _cached(gw: str, key: str, question: str) -> tuple[int, int]:
 
 
 def test_tenants_never_share_cache_in_the_pod_or_the_index(fleet):
-    env = _models_env(
+    env = model_env(
         KVGATE_API_KEYS="sk-a,sk-b",
         KVGATE_ADMIN__API_KEYS="adm-1",
         KVGATE_TENANT_ISOLATION__ENABLED="true",

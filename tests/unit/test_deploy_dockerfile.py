@@ -64,7 +64,7 @@ def test_only_runtime_dependencies_and_the_asked_extras_are_installed():
     pip_steps = [arg for op, arg in instructions() if op == "RUN" and "pip " in arg]
     assert pip_steps == [
         'pip wheel --no-cache-dir --wheel-dir /wheels ".${EXTRAS:+[$EXTRAS]}"',
-        'pip install --no-cache-dir --no-index --find-links /wheels '
+        "pip install --no-cache-dir --no-index --find-links /wheels "
         '"$(echo /wheels/kvgate-*.whl)${EXTRAS:+[$EXTRAS]}" && rm -rf /wheels',
     ]
     assert ("ARG", 'EXTRAS=""') in instructions()  # nothing extra unless asked
