@@ -10,8 +10,9 @@ here, before a handler does any work; the proxy only forwards.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI
@@ -21,12 +22,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.admin import admin_routes
+from gateway.asgi import Message, Receive, Scope, Send, header_map, send_error
 from gateway.auth import require_client_key
 from gateway.config import Settings
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
 from gateway.openai_body import Kind
 from gateway.state import Gateway, build_routing, running_gateway
+
+log = logging.getLogger("kvgate.app")
 
 PROXIED: tuple[tuple[str, Kind], ...] = (
     ("/v1/chat/completions", "chat"),
@@ -54,11 +58,11 @@ def create_app(settings: Settings) -> FastAPI:
             app.state.gw = admin.state.gw = gw
             yield
 
-    app = _bare_app(lifespan)
-    # Plain Starlette routes: they take the raw request and need none of FastAPI's
-    # parameter resolution, which costs time on the hot path.
-    for path, kind in PROXIED:
-        app.router.add_route(path, proxied(kind), methods=["POST"])
+    app = GatewayApp(lifespan)
+    # The proxied endpoints are answered by GatewayApp before FastAPI sees them; these
+    # routes only give other methods on those paths a 405.
+    for path, _ in PROXIED:
+        app.router.add_route(path, _answered_by_gateway_app, methods=["POST"])
     app.router.add_route("/v1/models", list_models, methods=["GET"])
     app.router.add_route("/health", health, methods=["GET"])
     app.router.add_route("/ready", ready, methods=["GET"])
@@ -71,28 +75,60 @@ def create_app(settings: Settings) -> FastAPI:
 def _bare_app(lifespan: Any = None) -> FastAPI:
     # No OpenAPI schema or docs: the routes take raw bodies, and a schema would only
     # advertise the surface.
-    app = FastAPI(
-        title="kvgate", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None
-    )
+    app = FastAPI(title="kvgate", lifespan=lifespan, openapi_url=None, docs_url=None,
+                  redoc_url=None)  # fmt: skip
     app.add_exception_handler(GatewayError, _gateway_error)
     app.add_exception_handler(HTTPException, _http_error)
     return app
+
+
+_FAST_ROUTES: dict[str, Kind] = dict(PROXIED)
+
+
+class GatewayApp(FastAPI):
+    """The serving app. ``POST`` to a proxied path goes straight to the proxy in raw
+    ASGI; FastAPI's middleware stack and Starlette's request and response objects cost
+    more than the rest of the hot path together (docs/performance.md). Everything else
+    (models, health, readiness, metrics, errors) is an ordinary FastAPI app."""
+
+    def __init__(self, lifespan: Any) -> None:
+        super().__init__(title="kvgate", lifespan=lifespan, openapi_url=None, docs_url=None,
+                         redoc_url=None)  # fmt: skip
+        self.add_exception_handler(GatewayError, _gateway_error)
+        self.add_exception_handler(HTTPException, _http_error)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = _FAST_ROUTES.get(scope["path"]) if scope["type"] == "http" else None
+        if kind is None or scope["method"] != "POST":
+            await super().__call__(scope, receive, send)
+            return
+        gw: Gateway = self.state.gw
+        headers = header_map(scope)
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            require_client_key(headers, gw.settings.api_keys)
+            await gw.proxy.handle(scope, receive, tracked, kind, headers)
+        except GatewayError as err:
+            await send_error(send, err, {})
+        except Exception:
+            log.exception("unhandled error answering %s", scope["path"])
+            if not started:
+                await send_error(send, GatewayError(500, "internal error in the gateway"), {})
 
 
 def gateway_of(request: Request) -> Gateway:
     return request.app.state.gw
 
 
-def proxied(kind: Kind) -> Callable[[Request], Awaitable[Response]]:
-    """The endpoint forwarding ``kind`` requests: credentials first, then the proxy."""
-
-    async def endpoint(request: Request) -> Response:
-        gw = gateway_of(request)
-        require_client_key(request.headers, gw.settings.api_keys)
-        return await gw.proxy.handle(request, kind)
-
-    endpoint.__name__ = kind
-    return endpoint
+async def _answered_by_gateway_app(request: Request) -> Response:
+    """Never called: ``GatewayApp`` answers POST to proxied paths before routing."""
+    raise GatewayError(500, "proxied route reached FastAPI routing")
 
 
 async def list_models(request: Request) -> Response:

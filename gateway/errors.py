@@ -37,6 +37,9 @@ class GatewayError(Exception):
     def body(self) -> dict[str, dict[str, object]]:
         return error_body(self.status, self.message, param=self.param, code=self.code)
 
+    def encoded(self) -> bytes:
+        return json.dumps(self.body()).encode()
+
     def response(self, headers: dict[str, str] | None = None) -> Response:
         return Response(
             json.dumps(self.body()),

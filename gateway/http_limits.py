@@ -1,4 +1,5 @@
-"""Limits on what a client may send and how slowly: header size and time, body size and time.
+"""Limits on what a client may send and how slowly: header size and time, body size and time;
+and what to do when it leaves.
 
 A client that trickles its headers (slowloris), sends a megabyte of headers or never
 finishes its body would otherwise hold a connection and an ASGI task as long as it
@@ -13,65 +14,38 @@ a kept-alive connection) and within ``max_header_bytes``; otherwise the client g
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Coroutine
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from starlette.requests import Request
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gateway.asgi import DisconnectWatch, read_body
 from gateway.errors import GatewayError
 
 T = TypeVar("T")
 
 
 async def read_limited(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
-    """Read the body: 413 as soon as it is known to exceed ``limit``, 408 if it takes
-    longer than ``timeout_s`` (a slow client must not hold a slot forever)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise GatewayError(413, f"request body exceeds the {limit}-byte limit", code="too_large")
-    chunks = bytearray()
+    """``read_body`` for a Starlette ``Request`` (the admin app's handlers)."""
+    return await read_body(request.receive, dict(request.headers), limit, timeout_s)
+
+
+async def unless_client_leaves(request: Request, work: Awaitable[T]) -> T | None:
+    """Await ``work`` unless the client leaves first (then it is cancelled: None).
+
+    For Starlette handlers that wait a long time before answering (the simulated pod's
+    non-streamed generation, as vLLM's own ``with_cancellation`` guards its handlers)."""
+    watch = DisconnectWatch(request.receive)
     try:
-        async with asyncio.timeout(timeout_s):
-            async for chunk in request.stream():
-                chunks += chunk
-                if len(chunks) > limit:
-                    raise GatewayError(
-                        413, f"request body exceeds the {limit}-byte limit", code="too_large"
-                    )
-    except TimeoutError:
-        raise GatewayError(408, f"request body not received within {timeout_s:g} s",
-                           code="request_timeout") from None  # fmt: skip
-    return bytes(chunks)
-
-
-async def unless_client_leaves(request: Request, work: Coroutine[Any, Any, T]) -> T | None:
-    """Run ``work`` until it answers; cancel it (and return None) if the client leaves.
-
-    The body has been read, so the next ASGI message is the client's disconnect.
-    Starlette notices it only while streaming a response; before that (tokenizing,
-    waiting for a pod's first byte, reading a whole non-streamed answer) nobody would,
-    and the pod would go on computing an answer nobody reads. (vLLM guards its own
-    handlers the same way: ``with_cancellation``.)"""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_client_gone(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():  # the client left, or we are being cancelled ourselves
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-    if task.cancelled():
+        return await work
+    except asyncio.CancelledError:
+        if not watch.gone:
+            raise
+        asyncio.current_task().uncancel()  # type: ignore[union-attr]
         return None
-    return task.result()
-
-
-async def _client_gone(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+    finally:
+        watch.stop()
 
 
 class _HeadersTooLarge(Exception):

@@ -53,11 +53,18 @@ class ParsedRequest:
         p = self.prompt
         if isinstance(p, str):
             return len(p)
-        if isinstance(p, list):
-            if p and isinstance(p[0], int):
-                return 4 * len(p)
-            return sum(len(x) if isinstance(x, str) else 4 * len(x) for x in p)
+        if isinstance(p, list):  # only completions' prompt is validated: anything else may be
+            return sum(_approx_item_chars(x) for x in p)
         return 0
+
+
+def _approx_item_chars(item: Any) -> int:
+    """Characters of a prompt list item: text, a token id (~4), or a list of ids."""
+    if isinstance(item, str):
+        return len(item)
+    if isinstance(item, list):
+        return 4 * len(item)
+    return 4 if isinstance(item, int) else 0
 
 
 def _bad(message: str, param: str | None = None) -> GatewayError:

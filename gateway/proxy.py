@@ -1,4 +1,4 @@
-"""Forwarding OpenAI requests to the chosen pod: retries, streaming, timeouts, accounting.
+"""Forwarding OpenAI requests to the chosen pod: retries, streaming, deadlines, accounting.
 
 Rules (the request lifecycle):
 - load is counted at dispatch and released exactly once however the request ends;
@@ -12,6 +12,9 @@ Rules (the request lifecycle):
 - the client's bytes go upstream untouched (unless tenant isolation sets the salt)
   and the pod's bytes come back chunk by chunk; a client that disconnects, before or
   during the answer, cancels the upstream request.
+
+This is the hot path, so it speaks raw ASGI (``gateway.asgi``) and forwards through
+``gateway.upstream`` (aiohttp), not through Starlette objects and httpx.
 """
 
 from __future__ import annotations
@@ -21,12 +24,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
-
-import httpx
-from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from collections.abc import AsyncIterator
 
 from gateway.accounting import (
     USAGE_TAIL_BYTES,
@@ -35,22 +33,33 @@ from gateway.accounting import (
     usage_from_json,
     usage_from_sse,
 )
+from gateway.asgi import (
+    ClientLeft,
+    DisconnectWatch,
+    Receive,
+    Scope,
+    Send,
+    encode_headers,
+    read_body,
+    send_error,
+    send_response,
+)
 from gateway.auth import key_matches
 from gateway.config import Settings
 from gateway.errors import GatewayError, sse_error_event
-from gateway.http_limits import read_limited, unless_client_leaves
 from gateway.metrics import GatewayMetrics
 from gateway.openai_body import Kind, ParsedRequest, parse_body
 from gateway.pods import Pod, PodRegistry
 from gateway.router import Router
 from gateway.tenancy import Tenancy
+from gateway.upstream import Upstream, UpstreamConnectError, UpstreamDropped, UpstreamResponse
 
 log = logging.getLogger("kvgate.proxy")
 
-_PASS_RESPONSE_HEADERS = ("content-type",)
 # A client's x-request-id is echoed and forwarded only if it is short and plain.
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 CLIENT_CLOSED = 499  # nginx's "client closed request"
+_STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
 
 class _PodFailure(Exception):
@@ -63,30 +72,11 @@ class _PodFailure(Exception):
         self.retry = retry  # a timeout is not retried: the pod may still be working on it
 
 
-class _GuardedStream(StreamingResponse):
-    """A stream whose clean-up runs even if the client leaves before it starts."""
-
-    def __init__(
-        self,
-        content: AsyncIterator[bytes],
-        on_close: Callable[[], Awaitable[None]],
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(content, **kwargs)
-        self._on_close = on_close
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._on_close()
-
-
-def client_request_id(headers: Any) -> str:
+def client_request_id(headers: dict[str, str]) -> str:
     """The client's ``x-request-id`` if it is short and plain, else a fresh one."""
     given = headers.get("x-request-id")
     if given and _REQUEST_ID.fullmatch(given):
-        return str(given)
+        return given
     return uuid.uuid4().hex
 
 
@@ -94,52 +84,57 @@ class Proxy:
     def __init__(
         self,
         settings: Settings,
-        client: httpx.AsyncClient,
+        upstream: Upstream,
         registry: PodRegistry,
         router: Router,
         metrics: GatewayMetrics,
     ) -> None:
         self._s = settings
-        self._client = client
+        self._upstream = upstream
         self._registry = registry
         self._router = router
         self._metrics = metrics
         self._accounting = Accounting(metrics, router)
         self._tenancy = Tenancy(settings.tenant_isolation)
-        t = settings.timeouts
-        # Per socket operation; the deadlines from arrival are enforced around them.
-        self._timeout = httpx.Timeout(
-            connect=t.connect_s, read=t.first_byte_s, write=t.first_byte_s, pool=t.connect_s
-        )
 
     # -- entry point --
 
-    async def handle(self, request: Request, kind: Kind) -> Response:
+    async def handle(
+        self, scope: Scope, receive: Receive, send: Send, kind: Kind, headers: dict[str, str]
+    ) -> None:
         """Answer one OpenAI request (the caller has checked the client's credentials)."""
         arrived = time.perf_counter()
-        request_id = client_request_id(request.headers)
-        headers = {"x-request-id": request_id}
+        request_id = client_request_id(headers)
         model = ""
         attempts: list[Attempt] = []  # each records its own outcome, exactly once
+        watch: DisconnectWatch | None = None
         try:
-            raw = await read_limited(
-                request, self._s.max_body_bytes, self._s.timeouts.client_body_s
+            raw = await read_body(
+                receive, headers, self._s.max_body_bytes, self._s.timeouts.client_body_s
             )
             parsed = parse_body(raw, kind)
-            self._tenancy.apply(parsed, request.headers)
+            self._tenancy.apply(parsed, headers)
             model = self._resolve_model(parsed)
-            response = await unless_client_leaves(
-                request, self._dispatch(request, parsed, model, request_id, arrived, attempts)
-            )
-            if response is None:  # the client left before an answer started
-                if not any(a.recorded for a in attempts):
-                    self._count_unrouted(model, CLIENT_CLOSED)
-                return Response(status_code=CLIENT_CLOSED)
-            return response
+            watch = DisconnectWatch(receive)
+            await self._dispatch(scope, send, parsed, model, headers, request_id, arrived,
+                                 attempts, watch)  # fmt: skip
         except GatewayError as err:
+            if watch is not None:
+                watch.stop()
             if not any(a.recorded for a in attempts):
                 self._count_unrouted(model, err.status)
-            return err.response(headers)
+            await send_error(send, err, {"x-request-id": request_id})
+        except ClientLeft:
+            self._count_unrouted(model, CLIENT_CLOSED)
+        except asyncio.CancelledError:
+            if watch is None or not watch.gone:
+                raise  # not the client's leaving: the server is shutting down
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            if not any(a.recorded for a in attempts):
+                self._count_unrouted(model, CLIENT_CLOSED)
+        finally:
+            if watch is not None:
+                watch.stop()
 
     def _count_unrouted(self, model: str, status: int) -> None:
         strategy = self._router.strategy_for(model).name if model else ""
@@ -166,15 +161,18 @@ class Proxy:
 
     async def _dispatch(
         self,
-        request: Request,
+        scope: Scope,
+        send: Send,
         parsed: ParsedRequest,
         model: str,
+        headers: dict[str, str],
         request_id: str,
         arrived: float,
         attempts: list[Attempt],
-    ) -> Response:
+        watch: DisconnectWatch,
+    ) -> None:
         req, answer = await self._router.prepare(
-            parsed, model, request_id, request.headers, self._registry.healthy_for(model)
+            parsed, model, request_id, headers, self._registry.healthy_for(model)
         )
         tried: set[str] = set()
         backoff = self._s.retry.backoff_s
@@ -188,11 +186,9 @@ class Proxy:
             tried.add(pod.name)
             attempt = Attempt(pod, routed, arrived, model)
             attempts.append(attempt)
-            handed_off = False
             try:
-                response = await self._attempt(request, parsed, attempt, request_id)
-                handed_off = isinstance(response, _GuardedStream)
-                return response
+                await self._attempt(scope, send, parsed, attempt, headers, request_id, watch)
+                return
             except _PodFailure as exc:
                 last_error = exc.error
                 await self._registry.request_failed(pod)
@@ -207,189 +203,201 @@ class Proxy:
                 self._accounting.record(attempt, CLIENT_CLOSED, None)
                 raise
             finally:
-                if not handed_off:
-                    self._router.finish(routed, None)  # no-op once recorded
+                self._router.finish(routed, None)  # no-op once recorded
         if last_error is not None:
             raise last_error
         raise GatewayError(503, f"no healthy pod serves model '{model}'", code="no_healthy_pod")
 
     async def _attempt(
-        self, request: Request, parsed: ParsedRequest, a: Attempt, request_id: str
-    ) -> Response:
-        first_byte_by = self._deadline(a, self._s.timeouts.first_byte_s)
-        upstream = await self._open(request, parsed, a, request_id, first_byte_by)
-        headers = self._response_headers(request, upstream, a, request_id)
-        if upstream.status_code >= 500:
-            body = await _read_quietly(upstream)
-            raise _PodFailure(
-                GatewayError(502, f"pod '{a.pod.name}' returned {upstream.status_code}: {body}"),
-                f"status_{upstream.status_code}",
-            )
-        if not (parsed.stream and upstream.status_code == 200):
-            return await self._buffered(upstream, a, headers)
-        it = upstream.aiter_raw().__aiter__()
+        self,
+        scope: Scope,
+        send: Send,
+        parsed: ParsedRequest,
+        a: Attempt,
+        headers: dict[str, str],
+        request_id: str,
+        watch: DisconnectWatch,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        first_byte_by = self._deadline(loop, a, self._s.timeouts.first_byte_s)
+        upstream = await self._open(scope, parsed, a, headers, request_id, first_byte_by)
         try:
-            async with asyncio.timeout_at(first_byte_by):
-                first = await it.__anext__()
-        except StopAsyncIteration:
-            first = b""
-        except (TimeoutError, httpx.TimeoutException):
-            await upstream.aclose()
-            raise self._timed_out(a, "sent no first byte in time") from None
-        except httpx.HTTPError as exc:
-            await upstream.aclose()
-            raise _PodFailure(
-                GatewayError(502, f"pod '{a.pod.name}' failed: {exc!r}"), "dropped"
-            ) from None
-        a.ttft_s = time.perf_counter() - a.arrived
-        self._router.first_token(a.routed)
-        return _GuardedStream(
-            self._relay(first, it, upstream, a),
-            on_close=lambda: self._abandon(upstream, a),
-            status_code=200,
-            headers=headers | {"cache-control": "no-cache", "x-accel-buffering": "no"},
-        )
+            if upstream.status >= 500:
+                body = await _read_quietly(upstream)
+                raise _PodFailure(
+                    GatewayError(502, f"pod '{a.pod.name}' returned {upstream.status}: {body}"),
+                    f"status_{upstream.status}",
+                )
+            out = self._response_headers(headers, upstream, a, request_id)
+            if parsed.stream and upstream.status == 200:
+                await self._stream(send, upstream, a, out, first_byte_by, watch)
+            else:
+                await self._buffered(send, upstream, a, out, watch)
+        finally:
+            upstream.close()  # no-op after release(); otherwise the pod sees us leave
 
     async def _open(
-        self, request: Request, parsed: ParsedRequest, a: Attempt, request_id: str, by: float
-    ) -> httpx.Response:
+        self,
+        scope: Scope,
+        parsed: ParsedRequest,
+        a: Attempt,
+        headers: dict[str, str],
+        request_id: str,
+        by: float,
+    ) -> UpstreamResponse:
         pod = a.pod
-        headers = {"content-type": "application/json", "x-request-id": request_id}
-        auth = self._upstream_auth(request, pod)
+        up_headers = {"content-type": "application/json", "x-request-id": request_id}
+        auth = self._upstream_auth(headers, pod)
         if auth:
-            headers["authorization"] = auth
-        upstream_req = self._client.build_request(
-            "POST",
-            pod.url + request.scope["path"],
-            content=parsed.raw,
-            headers=headers,
-            timeout=self._timeout,
-        )
+            up_headers["authorization"] = auth
         try:
             async with asyncio.timeout_at(by):
-                return await self._client.send(upstream_req, stream=True)
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+                return await self._upstream.open(pod.url + scope["path"], parsed.raw, up_headers)
+        except UpstreamConnectError as exc:
             raise _PodFailure(
-                GatewayError(502, f"cannot connect to pod '{pod.name}': {exc!r}"), "connect"
+                GatewayError(502, f"cannot connect to pod '{pod.name}': {exc}"), "connect"
             ) from None
-        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+        except UpstreamDropped as exc:
             raise _PodFailure(
-                GatewayError(502, f"pod '{pod.name}' dropped the connection: {exc!r}"), "dropped"
+                GatewayError(502, f"pod '{pod.name}' dropped the connection: {exc}"), "dropped"
             ) from None
-        except (TimeoutError, httpx.TimeoutException):
+        except TimeoutError:
             raise self._timed_out(a, "did not answer in time") from None
 
-    def _upstream_auth(self, request: Request, pod: Pod) -> str | None:
+    def _upstream_auth(self, headers: dict[str, str], pod: Pod) -> str | None:
         """The pod's own key; the client's header only when it is not a gateway key."""
         if pod.config.api_key:
             return f"Bearer {pod.config.api_key}"
         if self._s.api_keys:
             return None  # the client's credential is the gateway's, never forwarded
-        return request.headers.get("authorization")
+        return headers.get("authorization")
 
     def _response_headers(
-        self, request: Request, upstream: httpx.Response, a: Attempt, request_id: str
-    ) -> dict[str, str]:
-        headers = {k: upstream.headers[k] for k in _PASS_RESPONSE_HEADERS if k in upstream.headers}
-        headers["x-request-id"] = request_id
-        headers["x-kvgate-pod"] = a.pod.name
-        headers["x-kvgate-strategy"] = a.strategy
+        self, headers: dict[str, str], upstream: UpstreamResponse, a: Attempt, request_id: str
+    ) -> list[tuple[bytes, bytes]]:
+        out = [("x-request-id", request_id), ("x-kvgate-pod", a.pod.name),
+               ("x-kvgate-strategy", a.strategy)]  # fmt: skip
+        content_type = upstream.headers.get("content-type")
+        if content_type:
+            out.append(("content-type", content_type))
         d = a.routed.decision
-        if d.predicted_ttft_s is not None and self._may_see_predictions(request):
-            headers["x-kvgate-predicted-ttft-ms"] = f"{d.predicted_ttft_s * 1000:.1f}"
-            headers["x-kvgate-predicted-cached-tokens"] = str(d.predicted_cached_tokens)
-        return headers
+        if d.predicted_ttft_s is not None and self._may_see_predictions(headers):
+            out.append(("x-kvgate-predicted-ttft-ms", f"{d.predicted_ttft_s * 1000:.1f}"))
+            out.append(("x-kvgate-predicted-cached-tokens", str(d.predicted_cached_tokens)))
+        return encode_headers(out)
 
-    def _may_see_predictions(self, request: Request) -> bool:
+    def _may_see_predictions(self, headers: dict[str, str]) -> bool:
         """Predictions say what is cached: every client when enabled, else admin callers."""
         if self._s.expose_predictions:
             return True
         admin_keys = self._s.admin.api_keys
-        return bool(admin_keys) and key_matches(request.headers.get("x-kvgate-admin-key"),
-                                                admin_keys)  # fmt: skip
+        return bool(admin_keys) and key_matches(headers.get("x-kvgate-admin-key"), admin_keys)
 
     # -- bodies --
 
     async def _buffered(
-        self, upstream: httpx.Response, a: Attempt, headers: dict[str, str]
-    ) -> Response:
+        self,
+        send: Send,
+        upstream: UpstreamResponse,
+        a: Attempt,
+        out: list[tuple[bytes, bytes]],
+        watch: DisconnectWatch,
+    ) -> None:
+        loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout_at(self._deadline(a, self._s.timeouts.total_s)):
-                body = await upstream.aread()
-        except (TimeoutError, httpx.TimeoutException):
+            async with asyncio.timeout_at(self._deadline(loop, a, self._s.timeouts.total_s)):
+                body = await upstream.read()
+        except TimeoutError:
             raise self._timed_out(a, "timed out") from None
-        except httpx.HTTPError as exc:
+        except UpstreamDropped as exc:
             raise _PodFailure(
-                GatewayError(502, f"pod '{a.pod.name}' failed: {exc!r}"), "dropped"
+                GatewayError(502, f"pod '{a.pod.name}' failed: {exc}"), "dropped"
             ) from None
-        finally:
-            await upstream.aclose()
+        upstream.release()
         self._registry.request_succeeded(a.pod)
-        self._accounting.record(a, upstream.status_code, usage_from_json(body))
-        return Response(body, status_code=upstream.status_code, headers=headers)
+        self._accounting.record(a, upstream.status, usage_from_json(body))
+        watch.stop()
+        await send_response(send, upstream.status, out, body)
+
+    async def _stream(
+        self,
+        send: Send,
+        upstream: UpstreamResponse,
+        a: Attempt,
+        out: list[tuple[bytes, bytes]],
+        first_byte_by: float,
+        watch: DisconnectWatch,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        chunks = upstream.chunks().__aiter__()
+        try:
+            async with asyncio.timeout_at(first_byte_by):
+                first = await anext(chunks, b"")
+        except TimeoutError:
+            raise self._timed_out(a, "sent no first byte in time") from None
+        except UpstreamDropped as exc:
+            raise _PodFailure(
+                GatewayError(502, f"pod '{a.pod.name}' failed: {exc}"), "dropped"
+            ) from None
+        a.ttft_s = time.perf_counter() - a.arrived
+        self._router.first_token(a.routed)
+        await send({"type": "http.response.start", "status": 200, "headers": out + _STREAM_HEADERS})
+        await send({"type": "http.response.body", "body": first, "more_body": True})
+        await self._relay(send, chunks, upstream, a, first, loop, watch)
 
     async def _relay(
         self,
-        first: bytes,
-        it: AsyncIterator[bytes],
-        upstream: httpx.Response,
+        send: Send,
+        chunks: AsyncIterator[bytes],
+        upstream: UpstreamResponse,
         a: Attempt,
-    ) -> AsyncIterator[bytes]:
+        first: bytes,
+        loop: asyncio.AbstractEventLoop,
+        watch: DisconnectWatch,
+    ) -> None:
+        """The rest of a stream, after its first chunk reached the client. A failure now is
+        one SSE error event; the client leaving (cancellation) is recorded as 499."""
         tail = bytearray(first[-USAGE_TAIL_BYTES:])
-        status: int | None = None  # stays None if the client leaves (we get cancelled)
+        status = 200
+        last = b""
         try:
-            yield first
-            deadline = self._deadline(a, self._s.timeouts.total_s)
-            while True:
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        chunk = await it.__anext__()
-                except StopAsyncIteration:
-                    break
-                tail += chunk
-                if len(tail) > 2 * USAGE_TAIL_BYTES:
-                    del tail[:-USAGE_TAIL_BYTES]
-                yield chunk
-            status = 200
-        except (TimeoutError, httpx.TimeoutException):
+            async with asyncio.timeout_at(self._deadline(loop, a, self._s.timeouts.total_s)):
+                async for chunk in chunks:
+                    tail += chunk
+                    if len(tail) > 2 * USAGE_TAIL_BYTES:
+                        del tail[:-USAGE_TAIL_BYTES]
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except TimeoutError:
             status = 504
-            yield sse_error_event(504, f"pod '{a.pod.name}' timed out mid-stream")
-        except httpx.HTTPError as exc:
+            last = sse_error_event(504, f"pod '{a.pod.name}' timed out mid-stream")
+        except UpstreamDropped as exc:
             status = 502
-            yield sse_error_event(502, f"pod '{a.pod.name}' failed mid-stream: {exc!r}")
-        finally:
-            await upstream.aclose()
-            if status == 200:
-                self._registry.request_succeeded(a.pod)
-                self._accounting.record(a, status, usage_from_sse(bytes(tail)))
-            elif status is None:  # the client closed the stream: not the pod's fault
-                self._accounting.record(a, CLIENT_CLOSED, None)
-            else:
-                await self._registry.request_failed(a.pod)
-                self._accounting.record(a, status, None)
-
-    async def _abandon(self, upstream: httpx.Response, a: Attempt) -> None:
-        """The client went away (or the stream ended): close upstream, release load."""
-        await upstream.aclose()
-        self._accounting.record(a, CLIENT_CLOSED, None)  # no-op once recorded
+            last = sse_error_event(502, f"pod '{a.pod.name}' failed mid-stream: {exc}")
+        if status == 200:
+            upstream.release()
+            self._registry.request_succeeded(a.pod)
+            self._accounting.record(a, status, usage_from_sse(bytes(tail)))
+        else:
+            await self._registry.request_failed(a.pod)
+            self._accounting.record(a, status, None)
+        watch.stop()
+        await send({"type": "http.response.body", "body": last, "more_body": False})
 
     # -- deadlines --
 
-    def _deadline(self, a: Attempt, seconds: float) -> float:
+    @staticmethod
+    def _deadline(loop: asyncio.AbstractEventLoop, a: Attempt, seconds: float) -> float:
         """The event loop's time at which ``seconds`` after ``a``'s arrival will have passed."""
-        left = max(0.001, a.arrived + seconds - time.perf_counter())
-        return asyncio.get_running_loop().time() + left
+        return loop.time() + max(0.001, a.arrived + seconds - time.perf_counter())
 
     @staticmethod
     def _timed_out(a: Attempt, what: str) -> _PodFailure:
         return _PodFailure(GatewayError(504, f"pod '{a.pod.name}' {what}"), "timeout", retry=False)
 
 
-async def _read_quietly(upstream: httpx.Response) -> str:
+async def _read_quietly(upstream: UpstreamResponse) -> str:
     try:
-        body = await upstream.aread()
+        body = await upstream.read()
         return body[:500].decode(errors="replace")
-    except httpx.HTTPError:
+    except UpstreamDropped:
         return "(no body)"
-    finally:
-        await upstream.aclose()

@@ -21,6 +21,9 @@ from routing.prefix_hash import chat_prefix_hashes, text_prefix_hashes
 from routing.types import Outcome, RouteRequest, Strategy
 
 CHARS_PER_TOKEN = 4  # estimate until a tokenizer is configured for the model
+# Requests whose prompt is prefilled, so where its prefix is cached matters; the rest
+# (embeddings, tokenize, detokenize) are routed by load alone, with no tokenizing.
+CACHE_ROUTED = frozenset({"chat", "completions"})
 
 
 class Router:
@@ -55,7 +58,7 @@ class Router:
     ) -> tuple[RouteRequest, IndexAnswer | None]:
         """Build what the model's strategy needs, and only that (tokens cost time)."""
         answer = None
-        if self._kv is not None and self.core.needs_index(model):
+        if self._kv is not None and parsed.kind in CACHE_ROUTED and self.core.needs_index(model):
             answer = await self._kv.lookup(parsed, model, pods)
         body = parsed.body
 

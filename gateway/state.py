@@ -23,6 +23,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.pods import PodRegistry
 from gateway.proxy import Proxy
 from gateway.router import Router
+from gateway.upstream import Upstream
 from routing.core import RoutingCore
 
 
@@ -54,12 +55,17 @@ async def running_gateway(
     prometheus: CollectorRegistry,
     metrics: GatewayMetrics,
 ) -> AsyncIterator[Gateway]:
-    """Build, start, yield, and stop one gateway: the order of both lives here."""
+    """Build, start, yield, and stop one gateway: the order of both lives here.
+
+    Requests to pods go through ``Upstream`` (aiohttp, the hot path); health probes,
+    engine ``/tokenize`` calls and discovery use the httpx ``client``."""
     limits = httpx.Limits(
         max_connections=settings.max_upstream_connections,
         max_keepalive_connections=settings.max_upstream_connections,
         keepalive_expiry=30,
     )
+    upstream = Upstream(settings.max_upstream_connections, settings.timeouts.connect_s)
+    await upstream.start()
     async with httpx.AsyncClient(limits=limits, timeout=settings.timeouts.total_s) as client:
         registry = PodRegistry(settings.pods, client, settings.health, metrics)
         kv = KvIndex(settings, prometheus, client)
@@ -70,7 +76,7 @@ async def running_gateway(
         registry.on_remove(core.load.forget)
         registry.on_remove(metrics.forget_pod)
         router = Router(core, metrics, kv, settings.session_header, settings.session_body_field)
-        proxy = Proxy(settings, client, registry, router, metrics)
+        proxy = Proxy(settings, upstream, registry, router, metrics)
         gw = Gateway(settings, registry, router, proxy, metrics, prometheus, client, kv)
         await kv.warm_up(m for m in settings.models if router.uses_index(m))
         await registry.start()
@@ -87,3 +93,4 @@ async def running_gateway(
                 await discovery.stop()
             await registry.stop()
             await kv.close()
+            await upstream.close()

@@ -238,3 +238,9 @@ def test_kv_aware_sends_the_burst_where_the_index_says_the_prefixes_are():
     """The parity above is not by chance: warm families go to their holders."""
     des = _des_decisions("kv-aware", KV_OPTIONS)
     assert (des[2], des[3]) == ("pod-2", "pod-1")  # family 2 on pod-2, family 0 on pod-1
+
+
+def test_the_prompt_size_estimate_takes_any_prompt_items():
+    """Regression (fuzz): /tokenize with prompt [null] raised in the size estimate."""
+    parsed = parse_body(b'{"prompt": [null, "ab", [1, 2], 7]}', "tokenize")
+    assert parsed.approx_prompt_chars() == 0 + 2 + 8 + 4

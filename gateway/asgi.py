@@ -1,0 +1,100 @@
+"""Raw ASGI for the hot path: headers, body, responses and the client's leaving.
+
+The proxied endpoints skip Starlette's ``Request``/``Response`` objects and FastAPI's
+middleware stack (each costs tens of microseconds a request, measured in
+docs/performance.md) and speak ASGI directly with these few helpers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import Any
+
+from gateway.errors import GatewayError
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+RawHeaders = list[tuple[bytes, bytes]]
+
+
+def header_map(scope: Scope) -> dict[str, str]:
+    """The request's headers by lower-case name (ASGI servers send them lower-case);
+    a repeated header keeps its last value."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+async def read_body(
+    receive: Receive, headers: dict[str, str], limit: int, timeout_s: float | None
+) -> bytes:
+    """The whole request body: 413 as soon as it is known to exceed ``limit``, 408 if it
+    does not arrive within ``timeout_s`` (a slow client must not hold a slot forever)."""
+    declared = headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise GatewayError(413, f"request body exceeds the {limit}-byte limit", code="too_large")
+    body = bytearray()
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientLeft
+                body += message.get("body", b"")
+                if len(body) > limit:
+                    raise GatewayError(
+                        413, f"request body exceeds the {limit}-byte limit", code="too_large"
+                    )
+                if not message.get("more_body", False):
+                    return bytes(body)
+    except TimeoutError:
+        raise GatewayError(408, f"request body not received within {timeout_s:g} s",
+                           code="request_timeout") from None  # fmt: skip
+
+
+class ClientLeft(Exception):
+    """The client disconnected before its request could be answered."""
+
+
+def encode_headers(headers: Iterable[tuple[str, str]]) -> RawHeaders:
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+
+
+async def send_response(send: Send, status: int, headers: RawHeaders, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [*headers, (b"content-length", str(len(body)).encode())]})  # fmt: skip
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(send: Send, err: GatewayError, headers: dict[str, str]) -> None:
+    """``err`` in the OpenAI shape, with ``headers`` (e.g. the request id)."""
+    raw = [(b"content-type", b"application/json"), *encode_headers(headers.items())]
+    await send_response(send, err.status, raw, err.encoded())
+
+
+class DisconnectWatch:
+    """Cancels the current task when the client disconnects (until ``stop``).
+
+    The body has been read, so the next ASGI message is the client's disconnect. Servers
+    do not interrupt a handler for it (uvicorn silently drops what is sent after), so
+    without a watcher the pod would go on computing an answer nobody reads. One task
+    per request, from the end of the body to the end of the answer."""
+
+    __slots__ = ("_task", "_watcher", "gone")
+
+    def __init__(self, receive: Receive) -> None:
+        self.gone = False
+        self._task = asyncio.current_task()
+        self._watcher = asyncio.get_running_loop().create_task(self._watch(receive))
+
+    async def _watch(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.gone = True
+        if self._task is not None:
+            self._task.cancel()
+
+    def stop(self) -> None:
+        """The answer is complete (or about to be): the client may leave now."""
+        self._watcher.cancel()
