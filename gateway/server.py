@@ -59,6 +59,10 @@ def uvicorn_config(settings: Settings, app: ASGIApp) -> uvicorn.Config:
         log_level=settings.log_level.lower(),
         access_log=False,
         lifespan="on",
+        # Nothing per request that the gateway does not use: no X-Forwarded-* rewriting
+        # of the client address (it is never read), no Server header.
+        proxy_headers=False,
+        server_header=False,
     )
 
 
