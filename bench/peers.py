@@ -106,11 +106,18 @@ def peer_version(name: str) -> str | None:
 
 
 def peer_command(
-    name: str, bin_dir: Path, port: int, pods: list[PodEndpoint], model: str, block_size: int
+    name: str,
+    bin_dir: Path,
+    port: int,
+    pods: list[PodEndpoint],
+    model: str,
+    block_size: int,
+    policy: str | None = None,
 ) -> list[str]:
+    """The peer's command line; ``policy`` replaces its default (``PeerSpec.policy``)."""
     spec = PEERS[name]
     cmd = [str(bin_dir / spec.entry[0]), *spec.entry[1:]]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--policy", spec.policy]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--policy", policy or spec.policy]
     cmd += ["--worker-urls", *[p.url for p in pods], "--prometheus-port", str(free_port())]
     if name == "vllm-router":
         cmd += ["--kv-event-block-size", str(block_size), "--kv-event-model", model]
@@ -140,7 +147,12 @@ def _wait_health(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: 
 
 @contextlib.contextmanager
 def run_peer(
-    name: str, pods: list[PodEndpoint], model: str, block_size: int, timeout_s: float = 60.0
+    name: str,
+    pods: list[PodEndpoint],
+    model: str,
+    block_size: int,
+    timeout_s: float = 60.0,
+    policy: str | None = None,
 ) -> Iterator[str]:
     """Start the peer in front of ``pods``; yield its base URL; stop it on exit."""
     bin_dir = ensure_peer(name)
@@ -148,7 +160,7 @@ def run_peer(
     fd, path = tempfile.mkstemp(prefix=f"kvgate-peer-{name}-", suffix=".log")
     os.close(fd)
     log = Path(path)
-    cmd = peer_command(name, bin_dir, port, pods, model, block_size)
+    cmd = peer_command(name, bin_dir, port, pods, model, block_size, policy)
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"

@@ -1,0 +1,44 @@
+"""``kvgate bench overhead`` runs end to end (briefly) and its zero-latency backend
+answers like vLLM does: JSON, or SSE ending with usage and [DONE]."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import httpx
+from rich.console import Console
+
+from bench.overhead import Bodies, run_overhead, zero_pod
+
+
+def test_the_zero_pod_answers_json_and_sse_with_usage():
+    with zero_pod() as pod:
+        body = {"model": "m", "messages": [{"role": "user", "content": "x" * 400}]}
+        r = httpx.post(f"{pod}/v1/chat/completions", json=body)
+        assert r.json()["usage"]["prompt_tokens"] > 100
+        s = httpx.post(f"{pod}/v1/chat/completions", json={**body, "stream": True})
+        events = [e for e in s.text.split("\n\n") if e]
+        assert events[-1] == "data: [DONE]"
+        assert "usage" in json.loads(events[-2][len("data: ") :])
+        assert httpx.get(f"{pod}/v1/models").json()["data"][0]["id"] == "kvgate-tiny-llama"
+
+
+def test_bodies_vary_and_multi_turn_bodies_extend_earlier_ones():
+    b = Bodies(2048)
+    first, second = json.loads(b.varied()), json.loads(b.varied())
+    assert first["messages"][0]["content"] != second["messages"][0]["content"]
+    turns = [json.loads(b.multi_turn(live=1)) for _ in range(3)]
+    assert turns[1]["messages"][: len(turns[0]["messages"])] == turns[0]["messages"]
+    assert len(turns[2]["messages"]) == len(turns[1]["messages"]) + 2
+
+
+def test_a_short_overhead_run_measures_every_column(tmp_path):
+    report = run_overhead(["kvgate:round-robin"], tmp_path, pairs=10, seconds=1,
+                          connections=4, console=Console(quiet=True))  # fmt: skip
+    (result,) = report.results
+    assert result.errors == 0 and not result.note
+    for value in (result.added_p50_ms, result.added_p99_ms, result.stream_ttft_added_ms):
+        assert math.isfinite(value)
+    assert result.rps > 0 and report.direct_rps > 0
+    assert (tmp_path / "report.md").exists() and (tmp_path / "overhead.png").exists()
