@@ -71,6 +71,9 @@ class Accounting:
                 )
                 if a.ttft_s is not None:
                     m.ttft_error.labels(a.strategy).observe(abs(d.predicted_ttft_s - a.ttft_s))
+        if d.predicted_ttft_s is not None and a.ttft_s:
+            error = abs(d.predicted_ttft_s - a.ttft_s) / a.ttft_s
+            m.ttft_relative_error.labels(a.strategy).observe(error)
         outcome = Outcome(
             ok=status < 400, ttft_s=a.ttft_s, prompt_tokens=prompt_tokens, cached_tokens=cached
         )

@@ -21,6 +21,7 @@ _DECISION_BUCKETS = (
     0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
 )  # fmt: skip
 _TOKEN_ERROR_BUCKETS = (0, 1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+_RELATIVE_ERROR_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0)
 
 
 class CachedLabels:
@@ -139,6 +140,15 @@ class GatewayMetrics:
                 "|predicted TTFT - observed TTFT| for strategies that predict it.",
                 ["strategy"],
                 buckets=_LATENCY_BUCKETS,
+                registry=registry,
+            )
+        )
+        self.ttft_relative_error = CachedLabels(
+            Histogram(
+                "kvgate_predicted_ttft_relative_error",
+                "|predicted TTFT - observed TTFT| / observed TTFT (0.2 = off by 20%).",
+                ["strategy"],
+                buckets=_RELATIVE_ERROR_BUCKETS,
                 registry=registry,
             )
         )

@@ -54,3 +54,19 @@ async def test_client_body_bytes_reach_the_pod_unchanged(pod_a):
         assert r.status_code == 200
         assert pod_a.received[0].body == raw
         assert pod_a.received[0].headers["content-type"] == "application/json"
+
+
+async def test_the_ttft_prediction_error_is_observed_relative_to_the_observed_ttft(pod_a):
+    from tests.inproc.scripted_pod import stream
+
+    pod_a.script(stream([b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'], delay_s=0.05))
+    from bench.tinymodel import ensure_tokenizer
+    from tests.inproc.scripted_pod import MODEL
+
+    models = {MODEL: {"block_size": 32, "tokenizer": str(ensure_tokenizer())}}
+    async with inproc_gateway(pod_a, strategy="kv-aware", models=models) as g:
+        call = g.stream_chat()
+        await call.finished()
+        assert g.metric("kvgate_predicted_ttft_relative_error_count", strategy="kv-aware") == 1
+        total = g.metric("kvgate_predicted_ttft_relative_error_sum", strategy="kv-aware")
+        assert total > 0
