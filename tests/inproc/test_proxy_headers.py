@@ -6,8 +6,9 @@ import re
 
 import pytest
 
+from bench.tinymodel import ensure_tokenizer
 from tests.inproc.harness import CHAT, STREAM_CHAT, inproc_gateway
-from tests.inproc.scripted_pod import SSE_DONE, answer, completion, delta, sse, stream
+from tests.inproc.scripted_pod import MODEL, SSE_DONE, answer, completion, delta, sse, stream
 
 
 async def test_client_request_id_reaches_the_pod_and_comes_back(pod_a):
@@ -57,12 +58,7 @@ async def test_client_body_bytes_reach_the_pod_unchanged(pod_a):
 
 
 async def test_the_ttft_prediction_error_is_observed_relative_to_the_observed_ttft(pod_a):
-    from tests.inproc.scripted_pod import stream
-
     pod_a.script(stream([b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n'], delay_s=0.05))
-    from bench.tinymodel import ensure_tokenizer
-    from tests.inproc.scripted_pod import MODEL
-
     models = {MODEL: {"block_size": 32, "tokenizer": str(ensure_tokenizer())}}
     async with inproc_gateway(pod_a, strategy="kv-aware", models=models) as g:
         call = g.stream_chat()
