@@ -29,8 +29,9 @@ from kvindex.memory_store import MemoryStore
 from kvindex.metrics import EventMetrics
 from kvindex.store import IndexStore
 from kvindex.tokenization.engine import EngineTokenizer
+from kvindex.tokenization.errors import UnsupportedPrompt
 from kvindex.tokenization.front import Tokenization, TokenizationError
-from kvindex.tokenization.local import LocalTokenizer, UnsupportedPrompt
+from kvindex.tokenization.local import LocalTokenizer
 from kvindex.tokenization.prompt import ChatPrompt
 from kvindex.types import Bound
 from routing.core import IndexAnswer

@@ -23,7 +23,8 @@ import xxhash
 
 from kvindex.lru import BoundedLRU
 from kvindex.tokenization.engine import EngineTokenizeError, EngineTokenizer
-from kvindex.tokenization.local import LocalTokenizer, UnsupportedPrompt
+from kvindex.tokenization.errors import UnsupportedPrompt
+from kvindex.tokenization.local import LocalTokenizer
 from kvindex.tokenization.prompt import ChatPrompt
 from kvindex.types import Bound
 

@@ -1,9 +1,11 @@
 """One chat request as the engine renders it: the fields of vLLM 0.32's
 ``ChatCompletionRequest`` that change the prompt's token ids, with its defaults.
 
-The gateway builds it from the request body (``ChatPrompt.from_body``); the local
-renderer renders it, the engine's ``/tokenize`` takes ``tokenize_body()``, and the
-token cache keys engine answers on that same body.
+The gateway builds it from a chat body (``ChatPrompt.from_body``) or converts a
+Responses or Anthropic Messages body into it (``kvindex.tokenization.responses``,
+``kvindex.tokenization.anthropic``), as vLLM itself turns those into a chat
+conversation; the local renderer renders it, the engine's ``/tokenize`` takes
+``tokenize_body()``, and the token cache keys engine answers on that same body.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class ChatPrompt:
     chat_template_kwargs: Mapping[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     documents: list[dict[str, Any]] | None = None  # for RAG templates
+    reasoning_effort: str | None = None  # reaches the template, with enable_thinking
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> ChatPrompt:
@@ -30,6 +33,7 @@ class ChatPrompt:
         kwargs = body.get("chat_template_kwargs")
         tools = body.get("tools")
         documents = body.get("documents")
+        effort = body.get("reasoning_effort")
         return cls(
             messages=body["messages"],
             add_generation_prompt=bool(body.get("add_generation_prompt", True)),
@@ -38,20 +42,45 @@ class ChatPrompt:
             chat_template_kwargs=kwargs if isinstance(kwargs, dict) else None,
             tools=tools if isinstance(tools, list) else None,
             documents=documents if isinstance(documents, list) else None,
+            reasoning_effort=effort if isinstance(effort, str) else None,
         )
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """The template's keyword arguments, merged as vLLM 0.32's ``build_chat_params``
+        does: the request's ``chat_template_kwargs``, overridden by the generation
+        flags, the documents and the reasoning effort when set (``None`` and
+        ``"auto"`` never override); a reasoning effort also sets ``enable_thinking``
+        (false for ``"none"``) unless the request's kwargs set it."""
+        user = dict(self.chat_template_kwargs or {})
+        extra: dict[str, Any] = {
+            "add_generation_prompt": self.add_generation_prompt,
+            "continue_final_message": self.continue_final_message,
+            "documents": self.documents,
+            "reasoning_effort": self.reasoning_effort,
+        }
+        if self.reasoning_effort is not None and "enable_thinking" not in user:
+            extra["enable_thinking"] = self.reasoning_effort != "none"
+        return user | {k: v for k, v in extra.items() if v is not None and v != "auto"}
 
     def tokenize_body(self) -> dict[str, Any]:
         """The engine's ``POST /tokenize`` body for this prompt, less ``model``
-        (vLLM 0.32's ``TokenizeChatRequest``). It has no ``documents`` field, so a
-        prompt's documents reach only the local renderer."""
+        (vLLM 0.32's ``TokenizeChatRequest``). It has no ``documents`` or
+        ``reasoning_effort`` field: the effort goes in as the template kwargs it
+        becomes, and a prompt's documents reach only the local renderer."""
         body: dict[str, Any] = {
             "messages": list(self.messages),
             "add_generation_prompt": self.add_generation_prompt,
             "continue_final_message": self.continue_final_message,
             "add_special_tokens": self.add_special_tokens,
         }
-        if self.chat_template_kwargs:
-            body["chat_template_kwargs"] = dict(self.chat_template_kwargs)
+        kwargs = dict(self.chat_template_kwargs or {})
+        if self.reasoning_effort is not None:
+            merged = self.template_kwargs()
+            for key in ("reasoning_effort", "enable_thinking"):
+                if key in merged:
+                    kwargs[key] = merged[key]
+        if kwargs:
+            body["chat_template_kwargs"] = kwargs
         if self.tools:
             body["tools"] = self.tools
         return body
