@@ -8,6 +8,7 @@ client), and hands the routing core the outcome that releases the pod's load.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 
@@ -20,6 +21,8 @@ from routing.core import Routed
 from routing.types import Outcome
 
 USAGE_TAIL_BYTES = 16 * 1024  # vLLM's usage chunk is the last event of a stream
+_USAGE_KEY = re.compile(r'"usage"\s*:\s*\{')
+_json_decoder = json.JSONDecoder()
 
 
 @dataclass(slots=True)
@@ -90,29 +93,50 @@ def usage_from_json(body: bytes) -> dict[str, object] | None:
 
 
 def usage_from_sse(tail: bytes) -> dict[str, object] | None:
-    """The usage object of the last SSE event carrying one (vLLM puts it last)."""
-    for event in reversed(tail.split(b"\n\n")):
-        line = event.strip()
-        if not line.startswith(b"data:") or b'"usage"' not in line:
-            continue
+    """The last usage object in a stream's tail (vLLM puts it last: a chat chunk of its
+    own, Anthropic's ``message_delta``, the Responses API's ``response.completed``).
+
+    Read from its key onwards, so an event whose start fell off the tail (a long
+    ``response.completed`` repeats the whole output before its usage) still counts.
+    A ``"usage": {`` with unescaped quotes only occurs as a key: in generated text the
+    quotes are escaped."""
+    text = tail.decode("utf-8", "replace")
+    for found in reversed(list(_USAGE_KEY.finditer(text))):
         try:
-            doc = json.loads(line[5:])
+            usage, _ = _json_decoder.raw_decode(text, found.end() - 1)
         except (ValueError, RecursionError):
             continue
-        usage = doc.get("usage") if isinstance(doc, dict) else None
         if isinstance(usage, dict):
             return usage
     return None
 
 
 def token_counts(usage: dict[str, object] | None) -> tuple[int | None, int | None]:
-    """``(prompt_tokens, cached_tokens)`` of an OpenAI usage object, None where absent."""
+    """``(prompt_tokens, cached_tokens)`` of a usage object, None where absent.
+
+    OpenAI's chat/completions usage has ``prompt_tokens`` and
+    ``prompt_tokens_details.cached_tokens``; the Responses API's ``input_tokens`` and
+    ``input_tokens_details.cached_tokens``; Anthropic's counts cache reads and writes
+    apart from ``input_tokens`` (vLLM: input = prompt - read - created)."""
     if not usage:
         return None, None
     prompt = usage.get("prompt_tokens")
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if prompt is None and _is_int(usage.get("input_tokens")):
+        prompt = usage["input_tokens"]
+        details = usage.get("input_tokens_details")
+        if isinstance(details, dict):  # Responses
+            cached = details.get("cached_tokens")
+        else:  # Anthropic
+            cached = usage.get("cache_read_input_tokens")
+            created = usage.get("cache_creation_input_tokens")
+            prompt += (cached if _is_int(cached) else 0) + (created if _is_int(created) else 0)
     return (
-        prompt if isinstance(prompt, int) else None,
-        cached if isinstance(cached, int) else None,
+        prompt if _is_int(prompt) else None,
+        cached if _is_int(cached) else None,
     )
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)

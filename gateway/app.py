@@ -1,5 +1,6 @@
-"""The HTTP applications: the serving app (OpenAI endpoints, health, readiness, metrics)
-and the admin app (``gateway.admin``), served on separate listeners (``gateway.server``).
+"""The HTTP applications: the serving app (the inference APIs of ``gateway.apis``,
+health, readiness, metrics) and the admin app (``gateway.admin``), served on separate
+listeners (``gateway.server``).
 
 Handlers are module-level functions of the request; everything they use is the
 ``Gateway`` that ``gateway.state.running_gateway`` builds in the serving app's lifespan
@@ -22,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.admin import admin_routes
+from gateway.apis import APIS, error_style
 from gateway.asgi import Message, Receive, Scope, Send, header_map, send_error
 from gateway.auth import require_client_key
 from gateway.config import Settings
@@ -31,14 +33,6 @@ from gateway.openai_body import Kind
 from gateway.state import Gateway, build_routing, running_gateway
 
 log = logging.getLogger("kvgate.app")
-
-PROXIED: tuple[tuple[str, Kind], ...] = (
-    ("/v1/chat/completions", "chat"),
-    ("/v1/completions", "completions"),
-    ("/v1/embeddings", "embeddings"),
-    ("/tokenize", "tokenize"),
-    ("/detokenize", "detokenize"),
-)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -61,8 +55,8 @@ def create_app(settings: Settings) -> FastAPI:
     app = GatewayApp(lifespan)
     # The proxied endpoints are answered by GatewayApp before FastAPI sees them; these
     # routes only give other methods on those paths a 405.
-    for path, _ in PROXIED:
-        app.router.add_route(path, _answered_by_gateway_app, methods=["POST"])
+    for api in APIS:
+        app.router.add_route(api.path, _answered_by_gateway_app, methods=["POST"])
     app.router.add_route("/v1/models", list_models, methods=["GET"])
     app.router.add_route("/health", health, methods=["GET"])
     app.router.add_route("/ready", ready, methods=["GET"])
@@ -82,7 +76,7 @@ def _bare_app(lifespan: Any = None) -> FastAPI:
     return app
 
 
-_FAST_ROUTES: dict[str, Kind] = dict(PROXIED)
+_FAST_ROUTES: dict[str, Kind] = {api.path: api.kind for api in APIS}
 
 
 class GatewayApp(FastAPI):
@@ -115,11 +109,12 @@ class GatewayApp(FastAPI):
             require_client_key(headers, gw.settings.api_keys)
             await gw.proxy.handle(scope, receive, tracked, kind, headers)
         except GatewayError as err:
-            await send_error(send, err, {})
+            await send_error(send, err, {}, error_style(kind))
         except Exception:
             log.exception("unhandled error answering %s", scope["path"])
             if not started:
-                await send_error(send, GatewayError(500, "internal error in the gateway"), {})
+                error = GatewayError(500, "internal error in the gateway")
+                await send_error(send, error, {}, error_style(kind))
 
 
 def gateway_of(request: Request) -> Gateway:

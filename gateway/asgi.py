@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
-from gateway.errors import GatewayError
+from gateway.errors import ErrorStyle, GatewayError
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -67,10 +67,12 @@ async def send_response(send: Send, status: int, headers: RawHeaders, body: byte
     await send({"type": "http.response.body", "body": body})
 
 
-async def send_error(send: Send, err: GatewayError, headers: dict[str, str]) -> None:
-    """``err`` in the OpenAI shape, with ``headers`` (e.g. the request id)."""
+async def send_error(
+    send: Send, err: GatewayError, headers: dict[str, str], style: ErrorStyle = "openai"
+) -> None:
+    """``err`` in the called API's shape, with ``headers`` (e.g. the request id)."""
     raw = [(b"content-type", b"application/json"), *encode_headers(headers.items())]
-    await send_response(send, err.status, raw, err.encoded())
+    await send_response(send, err.status, raw, err.encoded(style))
 
 
 class DisconnectWatch:

@@ -21,6 +21,11 @@ def bearer_token(headers: Mapping[str, str]) -> str | None:
     return token.strip() or None
 
 
+def presented_key(headers: Mapping[str, str]) -> str | None:
+    """The client's key: a bearer token, else ``x-api-key`` (what Anthropic's clients send)."""
+    return bearer_token(headers) or headers.get("x-api-key") or None
+
+
 def key_matches(token: str | None, keys: Sequence[str]) -> bool:
     """Whether ``token`` is one of ``keys``, in time independent of where it differs."""
     if token is None:
@@ -34,6 +39,6 @@ def key_matches(token: str | None, keys: Sequence[str]) -> bool:
 
 def require_client_key(headers: Mapping[str, str], keys: Sequence[str]) -> None:
     """Raise 401 unless the request carries one of ``keys`` (no keys: open gateway)."""
-    if keys and not key_matches(bearer_token(headers), keys):
+    if keys and not key_matches(presented_key(headers), keys):
         raise GatewayError(401, "missing or invalid API key for this gateway",
                            code="invalid_api_key")  # fmt: skip

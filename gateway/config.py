@@ -131,6 +131,16 @@ class HealthSettings(BaseModel):
     readmit_after_successes: int = 2
 
 
+class LoraSettings(BaseModel):
+    """What the gateway keeps of each pod's ``/v1/models``: the served model and its
+    LoRA adapters (cards with a ``parent``), re-read on every probe, when a request
+    names a model no pod listed (an adapter loaded since), and when a pod answers 404
+    (one unloaded)."""
+
+    max_models_per_pod: int = Field(default=256, ge=1)  # cards kept per pod; the rest ignored
+    refresh_min_interval_s: float = Field(default=1.0, ge=0)  # unknown-model re-reads, at most
+
+
 class RetrySettings(BaseModel):
     max_attempts: int = 3  # total tries across pods, before the first byte only
     backoff_s: float = 0.05  # doubled after each failed attempt
@@ -206,6 +216,7 @@ class Settings(BaseSettings):
     max_header_bytes: int = 64 * 1024  # request line + headers; above: 431
     timeouts: Timeouts = Field(default_factory=Timeouts)
     health: HealthSettings = Field(default_factory=HealthSettings)
+    lora: LoraSettings = Field(default_factory=LoraSettings)
     retry: RetrySettings = Field(default_factory=RetrySettings)
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     max_upstream_connections: int = 4096  # pooled HTTP connections to all pods together

@@ -1,10 +1,19 @@
-"""Errors in the OpenAI shape: ``{"error": {"message", "type", "param", "code"}}``."""
+"""Errors the gateway answers itself, in the shape of the API that was called.
+
+OpenAI's (every endpoint but Anthropic's): ``{"error": {"message", "type", "param",
+"code"}}``. Anthropic's (``/v1/messages``): ``{"type": "error", "error": {"type",
+"message"}}`` with Anthropic's error types. Mid-stream failures are one SSE event in
+the same shape (Anthropic's as an ``event: error``).
+"""
 
 from __future__ import annotations
 
 import json
+from typing import Any, Literal
 
 from starlette.responses import Response
+
+ErrorStyle = Literal["openai", "anthropic"]
 
 _TYPES = {
     400: "invalid_request_error",
@@ -18,6 +27,16 @@ _TYPES = {
     500: "internal_server_error",
     502: "upstream_error",
     503: "service_unavailable",
+    504: "timeout_error",
+}
+# Anthropic's error types (docs "HTTP errors"; the SDK's ErrorObject union).
+_ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
     504: "timeout_error",
 }
 
@@ -34,15 +53,19 @@ class GatewayError(Exception):
         self.param = param
         self.code = code
 
-    def body(self) -> dict[str, dict[str, object]]:
+    def body(self, style: ErrorStyle = "openai") -> dict[str, Any]:
+        if style == "anthropic":
+            return anthropic_error_body(self.status, self.message)
         return error_body(self.status, self.message, param=self.param, code=self.code)
 
-    def encoded(self) -> bytes:
-        return json.dumps(self.body()).encode()
+    def encoded(self, style: ErrorStyle = "openai") -> bytes:
+        return json.dumps(self.body(style)).encode()
 
-    def response(self, headers: dict[str, str] | None = None) -> Response:
+    def response(
+        self, headers: dict[str, str] | None = None, style: ErrorStyle = "openai"
+    ) -> Response:
         return Response(
-            json.dumps(self.body()),
+            json.dumps(self.body(style)),
             status_code=self.status,
             media_type="application/json",
             headers=headers,
@@ -62,6 +85,15 @@ def error_body(
     }
 
 
-def sse_error_event(status: int, message: str) -> bytes:
-    """A mid-stream failure, as one SSE event the OpenAI client raises on."""
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    default = "api_error" if status >= 500 else "invalid_request_error"
+    return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, default),
+                                       "message": message}}  # fmt: skip
+
+
+def sse_error_event(status: int, message: str, style: ErrorStyle = "openai") -> bytes:
+    """A mid-stream failure, as one SSE event the API's client raises on."""
+    if style == "anthropic":
+        data = json.dumps(anthropic_error_body(status, message)).encode()
+        return b"event: error\ndata: " + data + b"\n\n"
     return b"data: " + json.dumps(error_body(status, message)).encode() + b"\n\n"

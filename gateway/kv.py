@@ -4,6 +4,12 @@ Glue between the service and ``kvindex``: per-model tokenization and block keys,
 the index store (embedded memory, or Redis shared by replicas with a local
 fallback), one KV-event subscriber per pod, and HTTP event ingestion. Routing
 asks ``lookup`` for a request's token ids, keys and ``PrefixMatch``.
+
+A LoRA adapter is served by its base model's engine: its prompts are tokenized and
+blocked like the base model's (its settings), and keyed under the base model with
+the adapter's name in the chain's root, exactly as the engine's ``BlockStored``
+events for it carry ``lora_name``, so an adapter's cache never counts as the base
+model's, nor the other way round.
 """
 
 from __future__ import annotations
@@ -28,11 +34,13 @@ from kvindex.keyer import BlockKeyer
 from kvindex.memory_store import MemoryStore
 from kvindex.metrics import EventMetrics
 from kvindex.store import IndexStore
+from kvindex.tokenization.anthropic import messages_prompt
 from kvindex.tokenization.engine import EngineTokenizer
 from kvindex.tokenization.errors import UnsupportedPrompt
 from kvindex.tokenization.front import Tokenization, TokenizationError
 from kvindex.tokenization.local import LocalTokenizer
 from kvindex.tokenization.prompt import ChatPrompt
+from kvindex.tokenization.responses import responses_prompt
 from kvindex.types import Bound
 from routing.core import IndexAnswer
 
@@ -136,6 +144,7 @@ class KvIndex:
         local.encode("warm up", add_special_tokens=False)
         with contextlib.suppress(UnsupportedPrompt):  # a model without a chat template
             local.render_chat(ChatPrompt([{"role": "user", "content": "warm up"}]))
+        local.anthropic_facts  # noqa: B018  (probes the template, a few renders)
 
     def _engine_for(self, pod: Pod) -> EngineTokenizer:
         eng = self._engines.get(pod.name)
@@ -156,16 +165,17 @@ class KvIndex:
         """Tokenize like the engine, key the blocks, ask the store. None if not possible."""
         salt = parsed.body.get("cache_salt")
         salt = salt if isinstance(salt, str) and salt else None
+        base, lora = lora_of(model, pods)
         try:
-            token_ids = await self._tokens_with_failover(parsed, model, pods)
+            token_ids = await self._tokens_with_failover(parsed, base, pods)
             if token_ids is None:
                 return None
-            keys = self.keyer(model).keys_for(token_ids, None, salt)
+            keys = self.keyer(base).keys_for(token_ids, lora, salt)
         except Exception as exc:  # any tokenizer or keying failure: load-only routing
             self._tokenize_failures.labels(model).inc()
             log.debug("tokenization failed for %s: %r", model, exc)
             return None
-        match = await self.store.match(keys, self.block_size(model))
+        match = await self.store.match(keys, self.block_size(base))
         return IndexAnswer(len(token_ids), keys, match)
 
     async def _tokens_with_failover(
@@ -193,6 +203,11 @@ class KvIndex:
         body = parsed.body
         if parsed.kind == "chat":
             return await tok.chat(ChatPrompt.from_body(body), engine=engine)
+        if parsed.kind == "responses":
+            return await tok.chat(responses_prompt(body), engine=engine)
+        if parsed.kind == "messages":
+            facts = tok.local.anthropic_facts if tok.local is not None else None
+            return await tok.chat(messages_prompt(body, facts), engine=engine)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1:
             prompt = prompt[0]  # a batch of one
@@ -304,6 +319,16 @@ class KvIndex:
             await sub.stop()
         self._subscribers.clear()
         await self.store.close()
+
+
+def lora_of(model: str, pods: list[Pod]) -> tuple[str, str | None]:
+    """``(base model, adapter)`` of a requested model: ``(model, None)`` unless a pod
+    lists it as an adapter (a card with a ``parent``)."""
+    for pod in pods:
+        parent = pod.parent_of(model)
+        if parent is not None:
+            return parent, model
+    return model, None
 
 
 def _base_model(pod: Pod) -> str | None:

@@ -1,8 +1,10 @@
-"""Parse just enough of an OpenAI request body to route it; forward the rest untouched.
+"""Parse just enough of a request body to route it; forward the rest untouched.
 
 The gateway never re-serializes the body: the exact bytes the client sent go
 upstream, so vLLM extras (``cache_salt``, ``vllm_xargs``, ``stream_options`` ...)
-pass through whatever they are.
+pass through whatever they are. Bodies are JSON (OpenAI's APIs, Responses,
+Anthropic Messages) except the audio endpoints' multipart forms, of which only the
+``model`` and ``stream`` fields are read.
 """
 
 from __future__ import annotations
@@ -13,8 +15,26 @@ from typing import Any, Literal
 import msgspec
 
 from gateway.errors import GatewayError
+from gateway.multipart import FormError, form_fields
 
-Kind = Literal["chat", "completions", "embeddings", "tokenize", "detokenize"]
+Kind = Literal[
+    "chat",
+    "completions",
+    "responses",
+    "messages",  # Anthropic Messages
+    "messages_count",  # Anthropic's /v1/messages/count_tokens
+    "embeddings",
+    "tokenize",
+    "detokenize",
+    "pooling",
+    "classify",
+    "score",
+    "rerank",
+    "audio",  # multipart forms: transcriptions, translations
+]
+_MODEL_REQUIRED = frozenset({"chat", "completions", "embeddings", "messages", "messages_count"})
+_FORM_FIELDS = frozenset({"model", "stream"})
+JSON = "application/json"
 
 _json = msgspec.json.Decoder()
 
@@ -26,10 +46,23 @@ class ParsedRequest:
     stream: bool
     body: dict[str, Any]
     raw: bytes
+    content_type: str = JSON  # what the pod is sent the raw body as
 
     @property
     def messages(self) -> list[dict[str, Any]] | None:
-        return self.body.get("messages") if self.kind in ("chat", "tokenize") else None
+        """The conversation as chat-like messages (role, name, content): a chat body's
+        own; Anthropic's system field and messages; Responses instructions and input
+        items. For estimating size and prefix hashing, not for rendering."""
+        body = self.body
+        if self.kind in ("chat", "tokenize"):
+            return body.get("messages")
+        if self.kind in ("messages", "messages_count"):
+            system = body.get("system")
+            head = [{"role": "system", "content": system}] if system else []
+            return head + body["messages"]
+        if self.kind == "responses":
+            return _responses_messages(body)
+        return None
 
     @property
     def prompt(self) -> Any:
@@ -71,7 +104,24 @@ def _bad(message: str, param: str | None = None) -> GatewayError:
     return GatewayError(400, message, param=param, code="invalid_request")
 
 
-def parse_body(raw: bytes, kind: Kind) -> ParsedRequest:
+def _responses_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    instructions = body.get("instructions")
+    out = [{"role": "system", "content": instructions}] if instructions else []
+    items = body["input"]
+    if isinstance(items, str):
+        return [*out, {"role": "user", "content": items}]
+    for item in items:
+        if "role" in item:
+            out.append(item)
+        else:  # a tool call, its output, reasoning: keyed by type, its payload as content
+            payload = item.get("content", item.get("output", item.get("arguments")))
+            out.append({"role": item.get("type"), "name": item.get("name"), "content": payload})
+    return out
+
+
+def parse_body(raw: bytes, kind: Kind, content_type: str = JSON) -> ParsedRequest:
+    if kind == "audio":
+        return _parse_form(raw, content_type)
     if not raw.strip():
         raise _bad("request body is empty; expected a JSON object")
     try:
@@ -85,7 +135,7 @@ def parse_body(raw: bytes, kind: Kind) -> ParsedRequest:
     model = body.get("model")
     if model is not None and (not isinstance(model, str) or not model):
         raise _bad("'model' must be a non-empty string", "model")
-    if model is None and kind in ("chat", "completions", "embeddings"):
+    if model is None and kind in _MODEL_REQUIRED:
         raise _bad("'model' is required", "model")
     stream = body.get("stream", False)
     if stream is None:
@@ -96,10 +146,61 @@ def parse_body(raw: bytes, kind: Kind) -> ParsedRequest:
         _check_messages(body.get("messages"))
     elif kind == "completions":
         _check_prompt(body.get("prompt"))
+    elif kind == "responses":
+        _check_responses_input(body.get("input"))
+    elif kind in ("messages", "messages_count"):
+        _check_anthropic(body)
     so = body.get("stream_options")
     if so is not None and not isinstance(so, dict):
         raise _bad("'stream_options' must be an object", "stream_options")
     return ParsedRequest(kind=kind, model=model, stream=stream, body=body, raw=raw)
+
+
+def _parse_form(raw: bytes, content_type: str) -> ParsedRequest:
+    if not content_type.lower().startswith("multipart/form-data"):
+        raise _bad("audio requests are multipart/form-data")
+    try:
+        fields = form_fields(raw, content_type, _FORM_FIELDS)
+    except FormError as exc:
+        raise _bad(f"request body is not a valid form: {exc}") from None
+    model = fields.get("model") or None
+    stream = fields.get("stream", "false").strip().lower() == "true"
+    return ParsedRequest("audio", model, stream, dict(fields), raw, content_type)
+
+
+def _check_responses_input(items: Any) -> None:
+    if isinstance(items, str):
+        return
+    if not isinstance(items, list):
+        raise _bad("'input' must be a string or an array of items", "input")
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise _bad(f"input[{i}] must be an object", "input")
+
+
+def _check_anthropic(body: dict[str, Any]) -> None:
+    """Anthropic's ``messages`` (objects with a role and string or block content) and
+    ``system`` (a string or blocks); blocks are objects with a string ``type``."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("'messages' must be a non-empty array", "messages")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise _bad(f"messages[{i}] must be an object with a string 'role'", "messages")
+        _check_blocks(m.get("content"), f"messages[{i}].content", "messages")
+    system = body.get("system")
+    if system is not None:
+        _check_blocks(system, "system", "system")
+
+
+def _check_blocks(content: Any, where: str, param: str) -> None:
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise _bad(f"{where} must be a string or an array of blocks", param)
+    for j, block in enumerate(content):
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            raise _bad(f"{where}[{j}] must be an object with a string 'type'", param)
 
 
 def _check_messages(messages: Any) -> None:

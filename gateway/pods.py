@@ -2,8 +2,13 @@
 
 A pod is ejected after N consecutive failed probes or M consecutive failed
 requests and readmitted after K consecutive successful probes. Each probe also
-learns the pod's models from ``/v1/models`` and scrapes the engine's queue from
-``/metrics`` (``vllm:num_requests_waiting`` and friends) for the load view.
+learns the pod's models from ``/v1/models`` (the served model and its LoRA
+adapters: cards with a ``parent``; at most ``lora.max_models_per_pod``) and scrapes
+the engine's queue from ``/metrics`` (``vllm:num_requests_waiting`` and friends)
+for the load view. Adapters come and go at runtime (vLLM's
+``/v1/load_lora_adapter``), so ``/v1/models`` is also re-read between probes: when
+a request names a model no pod lists (``refresh_models``, at most once per
+``lora.refresh_min_interval_s``) and when a pod answers 404 (``models_stale``).
 """
 
 from __future__ import annotations
@@ -14,11 +19,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 
-from gateway.config import HealthSettings, PodConfig
+from gateway.config import HealthSettings, LoraSettings, PodConfig
 from gateway.metrics import GatewayMetrics
 from routing.core import IDLE_ENGINE, EngineLoad
 
@@ -57,6 +62,11 @@ class Pod:
     def url(self) -> str:
         return self.config.url
 
+    def parent_of(self, model: str) -> str | None:
+        """The base model of a LoRA adapter this pod serves (None: not an adapter here)."""
+        parent = (self.model_cards.get(model) or {}).get("parent")
+        return parent if isinstance(parent, str) and parent else None
+
 
 def parse_engine_load(text: str) -> dict[str, float]:
     """Sum the scraped vLLM gauges over their label sets (one per engine)."""
@@ -83,12 +93,19 @@ class PodRegistry:
         client: httpx.AsyncClient,
         health: HealthSettings,
         metrics: GatewayMetrics,
+        lora: LoraSettings | None = None,
     ) -> None:
         self._client = client
         self._health = health
         self._metrics = metrics
+        self._lora = lora or LoraSettings()
         self._pods: dict[str, Pod] = {}
         self._task: asyncio.Task[None] | None = None
+        self._refresh: asyncio.Future[None] | None = None  # the re-read in flight, shared
+        self._refreshed_at = -float("inf")
+        self._stale: dict[str, asyncio.Task[None]] = {}  # one re-read per pod at a time
+        self._stale_at: dict[str, float] = {}  # ... and at most one per interval
+        self._over_capacity_logged: set[str] = set()
         self._on_eject: list[PodListener] = []
         self._on_admit: list[PodListener] = []
         self._on_remove: list[RemovalListener] = []
@@ -106,6 +123,8 @@ class PodRegistry:
     async def remove(self, name: str) -> None:
         """The pod left the fleet (discovery): out of rotation, then removal listeners."""
         pod = self._pods.pop(name, None)
+        self._stale_at.pop(name, None)
+        self._over_capacity_logged.discard(name)
         if pod is not None and pod.healthy:
             pod.healthy = False
             await self._notify(self._on_eject, pod)
@@ -157,10 +176,12 @@ class PodRegistry:
         self._task = asyncio.create_task(self._loop(), name="kvgate-health")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        tasks = [t for t in (self._task, self._refresh, *self._stale.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
 
     async def _loop(self) -> None:
         while True:
@@ -202,9 +223,7 @@ class PodRegistry:
                 return False
             r = await self._client.get(f"{pod.url}/v1/models", timeout=timeout, headers=headers)
             if r.status_code == 200:
-                cards = {m["id"]: m for m in r.json().get("data", []) if "id" in m}
-                pod.model_cards = cards
-                pod.models = set(cards) | set(pod.config.models)
+                self._learn_models(pod, r.json())
             r = await self._client.get(f"{pod.url}/metrics", timeout=timeout, headers=headers)
             if r.status_code == 200:
                 load = parse_engine_load(r.text)
@@ -216,6 +235,61 @@ class PodRegistry:
             return True
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             return False
+
+    def _learn_models(self, pod: Pod, listing: Any) -> None:
+        """The pod's model cards, the first ``max_models_per_pod`` of them."""
+        cap = self._lora.max_models_per_pod
+        cards: dict[str, dict[str, object]] = {}
+        data = listing.get("data") if isinstance(listing, dict) else None
+        for card in data if isinstance(data, list) else []:
+            if not isinstance(card, dict) or not isinstance(card.get("id"), str):
+                continue
+            if len(cards) < cap:
+                cards[card["id"]] = card
+            elif len(cards) >= cap and pod.name not in self._over_capacity_logged:
+                self._over_capacity_logged.add(pod.name)
+                log.warning("pod %s lists more than %d models; the rest are ignored",
+                            pod.name, cap)  # fmt: skip
+        pod.model_cards = cards
+        pod.models = set(cards) | set(pod.config.models)
+
+    async def _read_models(self, pod: Pod) -> None:
+        headers = {"Authorization": f"Bearer {pod.config.api_key}"} if pod.config.api_key else {}
+        try:
+            r = await self._client.get(
+                f"{pod.url}/v1/models", timeout=self._health.probe_timeout_s, headers=headers
+            )
+            if r.status_code == 200:
+                self._learn_models(pod, r.json())
+        except (httpx.HTTPError, ValueError):
+            pass  # the next probe tells whether the pod is still there
+
+    async def refresh_models(self) -> None:
+        """Re-read the healthy pods' models now, unless that was done less than
+        ``refresh_min_interval_s`` ago; concurrent callers share one re-read."""
+        if self._refresh is None:
+            now = time.monotonic()
+            if now - self._refreshed_at < self._lora.refresh_min_interval_s:
+                return
+            self._refreshed_at = now
+            pods = [p for p in self._pods.values() if p.healthy]
+            self._refresh = asyncio.ensure_future(
+                asyncio.gather(*(self._read_models(p) for p in pods))
+            )
+            self._refresh.add_done_callback(lambda _: setattr(self, "_refresh", None))
+        await asyncio.shield(self._refresh)
+
+    def models_stale(self, pod: Pod) -> None:
+        """A pod's answer says its model list changed (a 404): re-read it soon."""
+        now = time.monotonic()
+        if pod.name in self._stale or self._pods.get(pod.name) is not pod:
+            return
+        if now - self._stale_at.get(pod.name, -float("inf")) < self._lora.refresh_min_interval_s:
+            return
+        self._stale_at[pod.name] = now
+        task = asyncio.get_running_loop().create_task(self._read_models(pod))
+        self._stale[pod.name] = task
+        task.add_done_callback(lambda _: self._stale.pop(pod.name, None))
 
     # -- request outcomes --
 

@@ -1,4 +1,4 @@
-"""Forwarding OpenAI requests to the chosen pod: retries, streaming, deadlines, accounting.
+"""Forwarding API requests to the chosen pod: retries, streaming, deadlines, accounting.
 
 Rules (the request lifecycle):
 - load is counted at dispatch and released exactly once however the request ends;
@@ -33,6 +33,7 @@ from gateway.accounting import (
     usage_from_json,
     usage_from_sse,
 )
+from gateway.apis import error_style
 from gateway.asgi import (
     ClientLeft,
     DisconnectWatch,
@@ -46,9 +47,9 @@ from gateway.asgi import (
 )
 from gateway.auth import key_matches
 from gateway.config import Settings
-from gateway.errors import GatewayError, sse_error_event
+from gateway.errors import ErrorStyle, GatewayError, sse_error_event
 from gateway.metrics import GatewayMetrics
-from gateway.openai_body import Kind, ParsedRequest, parse_body
+from gateway.openai_body import JSON, Kind, ParsedRequest, parse_body
 from gateway.pods import Pod, PodRegistry
 from gateway.router import Router
 from gateway.tenancy import Tenancy
@@ -102,7 +103,7 @@ class Proxy:
     async def handle(
         self, scope: Scope, receive: Receive, send: Send, kind: Kind, headers: dict[str, str]
     ) -> None:
-        """Answer one OpenAI request (the caller has checked the client's credentials)."""
+        """Answer one API request (the caller has checked the client's credentials)."""
         arrived = time.perf_counter()
         request_id = client_request_id(headers)
         model = ""
@@ -112,9 +113,9 @@ class Proxy:
             raw = await read_body(
                 receive, headers, self._s.max_body_bytes, self._s.timeouts.client_body_s
             )
-            parsed = parse_body(raw, kind)
+            parsed = parse_body(raw, kind, headers.get("content-type", JSON))
             self._tenancy.apply(parsed, headers)
-            model = self._resolve_model(parsed)
+            model = await self._resolve_model(parsed)
             watch = DisconnectWatch(receive)
             await self._dispatch(scope, send, parsed, model, headers, request_id, arrived,
                                  attempts, watch)  # fmt: skip
@@ -123,7 +124,7 @@ class Proxy:
                 watch.stop()
             if not any(a.recorded for a in attempts):
                 self._count_unrouted(model, err.status)
-            await send_error(send, err, {"x-request-id": request_id})
+            await send_error(send, err, {"x-request-id": request_id}, error_style(kind))
         except ClientLeft:
             self._count_unrouted(model, CLIENT_CLOSED)
         except asyncio.CancelledError:
@@ -140,9 +141,14 @@ class Proxy:
         strategy = self._router.strategy_for(model).name if model else ""
         self._metrics.requests.labels(model, "", strategy, str(status)).inc()
 
-    def _resolve_model(self, parsed: ParsedRequest) -> str:
+    async def _resolve_model(self, parsed: ParsedRequest) -> str:
         known = self._registry.known_models()
         model = parsed.model
+        if model is not None and model not in known:
+            # Perhaps a LoRA adapter loaded since the last probe: ask the pods again
+            # (at most once per lora.refresh_min_interval_s, however many ask).
+            await self._registry.refresh_models()
+            known = self._registry.known_models()
         if model is None:  # /tokenize and /detokenize may omit it when one model is served
             if len(known) == 1:
                 return next(iter(known))
@@ -221,6 +227,8 @@ class Proxy:
         loop = asyncio.get_running_loop()
         first_byte_by = self._deadline(loop, a, self._s.timeouts.first_byte_s)
         upstream = await self._open(scope, parsed, a, headers, request_id, first_byte_by)
+        if upstream.status == 404:  # e.g. an adapter unloaded since the last probe
+            self._registry.models_stale(a.pod)
         try:
             if upstream.status >= 500:
                 body = await _read_quietly(upstream)
@@ -230,7 +238,8 @@ class Proxy:
                 )
             out = self._response_headers(headers, upstream, a, request_id)
             if parsed.stream and upstream.status == 200:
-                await self._stream(send, upstream, a, out, first_byte_by, watch)
+                style = error_style(parsed.kind)
+                await self._stream(send, upstream, a, out, first_byte_by, watch, style)
             else:
                 await self._buffered(send, upstream, a, out, watch)
         finally:
@@ -246,7 +255,7 @@ class Proxy:
         by: float,
     ) -> UpstreamResponse:
         pod = a.pod
-        up_headers = {"content-type": "application/json", "x-request-id": request_id}
+        up_headers = {"content-type": parsed.content_type, "x-request-id": request_id}
         auth = self._upstream_auth(headers, pod)
         if auth:
             up_headers["authorization"] = auth
@@ -327,6 +336,7 @@ class Proxy:
         out: list[tuple[bytes, bytes]],
         first_byte_by: float,
         watch: DisconnectWatch,
+        style: ErrorStyle = "openai",
     ) -> None:
         loop = asyncio.get_running_loop()
         chunks = upstream.chunks().__aiter__()
@@ -343,7 +353,7 @@ class Proxy:
         self._router.first_token(a.routed)
         await send({"type": "http.response.start", "status": 200, "headers": out + _STREAM_HEADERS})
         await send({"type": "http.response.body", "body": first, "more_body": True})
-        await self._relay(send, chunks, upstream, a, first, loop, watch)
+        await self._relay(send, chunks, upstream, a, first, loop, watch, style)
 
     async def _relay(
         self,
@@ -354,6 +364,7 @@ class Proxy:
         first: bytes,
         loop: asyncio.AbstractEventLoop,
         watch: DisconnectWatch,
+        style: ErrorStyle = "openai",
     ) -> None:
         """The rest of a stream, after its first chunk reached the client. A failure now is
         one SSE error event; the client leaving (cancellation) is recorded as 499."""
@@ -369,10 +380,10 @@ class Proxy:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except TimeoutError:
             status = 504
-            last = sse_error_event(504, f"pod '{a.pod.name}' timed out mid-stream")
+            last = sse_error_event(504, f"pod '{a.pod.name}' timed out mid-stream", style)
         except UpstreamDropped as exc:
             status = 502
-            last = sse_error_event(502, f"pod '{a.pod.name}' failed mid-stream: {exc}")
+            last = sse_error_event(502, f"pod '{a.pod.name}' failed mid-stream: {exc}", style)
         if status == 200:
             upstream.release()
             self._registry.request_succeeded(a.pod)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
+from gateway.apis import CACHE_ROUTED
 from gateway.kv import KvIndex
 from gateway.metrics import GatewayMetrics
 from gateway.openai_body import ParsedRequest
@@ -21,9 +22,6 @@ from routing.prefix_hash import chat_prefix_hashes, text_prefix_hashes
 from routing.types import Outcome, RouteRequest, Strategy
 
 CHARS_PER_TOKEN = 4  # estimate until a tokenizer is configured for the model
-# Requests whose prompt is prefilled, so where its prefix is cached matters; the rest
-# (embeddings, tokenize, detokenize) are routed by load alone, with no tokenizing.
-CACHE_ROUTED = frozenset({"chat", "completions"})
 
 
 class Router:
@@ -58,13 +56,17 @@ class Router:
     ) -> tuple[RouteRequest, IndexAnswer | None]:
         """Build what the model's strategy needs, and only that (tokens cost time)."""
         answer = None
-        if self._kv is not None and parsed.kind in CACHE_ROUTED and self.core.needs_index(model):
+        cache_routed = parsed.kind in CACHE_ROUTED
+        if cache_routed and self._kv is not None and self.core.needs_index(model):
             answer = await self._kv.lookup(parsed, model, pods)
         body = parsed.body
 
         def prefix_hashes() -> list[int]:
-            if parsed.kind == "chat":
-                return chat_prefix_hashes(body["messages"])
+            if not cache_routed:
+                return []  # embeddings, pooling, audio ...: load alone
+            messages = parsed.messages
+            if messages is not None:
+                return chat_prefix_hashes(messages)
             return text_prefix_hashes(body.get("prompt"))
 
         def session_key() -> str | None:

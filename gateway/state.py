@@ -67,7 +67,7 @@ async def running_gateway(
     upstream = Upstream(settings.max_upstream_connections, settings.timeouts.connect_s)
     await upstream.start()
     async with httpx.AsyncClient(limits=limits, timeout=settings.timeouts.total_s) as client:
-        registry = PodRegistry(settings.pods, client, settings.health, metrics)
+        registry = PodRegistry(settings.pods, client, settings.health, metrics, settings.lora)
         kv = KvIndex(settings, prometheus, client)
         core.set_speculation(kv.speculate)
         registry.on_admit(kv.pod_admitted)

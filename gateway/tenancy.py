@@ -20,9 +20,9 @@ from collections.abc import Mapping
 
 import msgspec
 
-from gateway.auth import bearer_token
+from gateway.auth import presented_key
 from gateway.config import TenantIsolation
-from gateway.openai_body import ParsedRequest
+from gateway.openai_body import JSON, ParsedRequest
 
 _SALT_HEX_CHARS = 32  # 128 bits
 
@@ -39,7 +39,7 @@ class Tenancy:
     def tenant(self, headers: Mapping[str, str]) -> str:
         """The tenant of a request: its API key, or the trusted header ("" if absent)."""
         if self._source == "api_key":
-            return bearer_token(headers) or ""
+            return presented_key(headers) or ""
         return headers.get(self._header, "")
 
     def salt(self, tenant: str, client_salt: str | None) -> str:
@@ -50,8 +50,8 @@ class Tenancy:
 
     def apply(self, parsed: ParsedRequest, headers: Mapping[str, str]) -> None:
         """Set the tenant's salt in the body the pod gets and in the one routing reads."""
-        if not self.enabled:
-            return
+        if not self.enabled or parsed.content_type != JSON:
+            return  # a multipart form (audio) has no prefix cache to isolate
         client_salt = parsed.body.get("cache_salt")
         salt = self.salt(
             self.tenant(headers), client_salt if isinstance(client_salt, str) else None

@@ -1,4 +1,5 @@
-"""The simulated pod's HTTP face: vLLM 0.32's OpenAI server, metrics and admin routes.
+"""The simulated pod's HTTP face: vLLM 0.32's OpenAI server (chat, completions,
+Responses, Anthropic Messages, LoRA adapters), metrics and admin routes.
 
 ``create_app(config)`` builds one independent pod (its own tokenizer, cache,
 metrics registry and KV-event sockets); several can share a process.
@@ -23,26 +24,15 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from bench.sim import protocol as p
 from bench.sim.config import SimConfig
 from bench.sim.engine import SimEngine
+from bench.sim.errors import ApiError, bad_request
 from bench.sim.faults import FaultInjector, FaultSpec
 from bench.sim.generation import DroppedStream, Generation, complete, stream
+from bench.sim.lora import LoraAdapters, LoraLimit
+from bench.sim.messages_api import add_messages_routes
+from bench.sim.responses_api import add_responses_routes
 from bench.sim.tokenizer import PromptError, SimTokenizer
 from gateway.http_limits import unless_client_leaves
-
-
-class ApiError(Exception):
-    """An error answered in vLLM's ``{"error": {...}}`` shape."""
-
-    def __init__(self, status: int, message: str, err_type: str, param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.err_type, self.param = status, message, err_type, param
-
-    def response(self) -> JSONResponse:
-        body = p.error_body(self.message, self.err_type, self.status, self.param)
-        return JSONResponse(body, status_code=self.status)
-
-
-def _bad_request(message: str, param: str | None = None) -> ApiError:
-    return ApiError(400, message, "BadRequestError", param)
+from kvindex.tokenization import ChatPrompt, LocalTokenizer, UnsupportedPrompt
 
 
 class SimPodState:
@@ -54,21 +44,44 @@ class SimPodState:
         self.engine = SimEngine(config, self.tokenizer)
         self.faults = FaultInjector()
         self.last_authorization: str | None = None  # for tests of what a gateway forwards
+        self.adapters = LoraAdapters(config.lora_modules, config.max_lora_adapters)
+        self._renderer: LocalTokenizer | None = None
 
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.config.model:
+    def check_model(self, model: str | None) -> tuple[int, str] | None:
+        """The adapter a request names (None: the base model); 404 for anything else."""
+        if model is None or model == self.config.model:
+            return None
+        lora = self.adapters.get(model)
+        if lora is None:
             raise ApiError(
                 404,
                 f"The model `{model}` does not exist. Valid aliases: {self.config.model}.",
                 "NotFoundError",
                 "model",
             )
+        return lora
+
+    @property
+    def renderer(self) -> LocalTokenizer:
+        """vLLM's chat rendering (``kvindex``), for Responses and Messages prompts: the
+        e2e tests hold it to vLLM's own renderer."""
+        if self._renderer is None:
+            self._renderer = LocalTokenizer(self.config.tokenizer_dir())
+        return self._renderer
+
+    def render(self, prompt: ChatPrompt) -> list[int]:
+        """Token ids of a converted Responses/Messages prompt, rendered as vLLM does."""
+        try:
+            text = self.renderer.render_chat(prompt)
+        except UnsupportedPrompt as exc:
+            raise bad_request(f"the simulator renders text only: {exc}") from exc
+        return self.renderer.encode(text, prompt.add_special_tokens)
 
     def check_lengths(self, prompt: list[int], max_tokens: int | None, param: str) -> int:
         """vLLM's context checks; returns the output budget actually used."""
         limit = self.config.max_model_len
         if len(prompt) > limit:
-            raise _bad_request(
+            raise bad_request(
                 f"This model's maximum context length is {limit} tokens. However, your "
                 f"prompt contains at least {len(prompt)} input tokens, which exceeds this "
                 "limit even without any output tokens. Please reduce the length of the input "
@@ -77,13 +90,13 @@ class SimPodState:
             )
         wanted = self.config.default_max_tokens if max_tokens is None else max_tokens
         if wanted > limit:
-            raise _bad_request(
+            raise bad_request(
                 f"{param}={wanted} cannot be greater than max_model_len={limit}. Please "
                 f"request fewer output tokens. (parameter={param}, value={wanted})",
                 param,
             )
         if wanted < 1:
-            raise _bad_request(f"{param} must be at least 1, got {wanted}.", param)
+            raise bad_request(f"{param} must be at least 1, got {wanted}.", param)
         return max(1, min(wanted, limit - len(prompt)))
 
 
@@ -120,7 +133,11 @@ def create_app(config: SimConfig | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(ApiError, lambda _, exc: exc.response())  # type: ignore[arg-type,return-value]
     _add_generation_routes(app, state)
+    add_responses_routes(app, state)
+    add_messages_routes(app, state)
     _add_info_routes(app, state)
+    if state.config.allow_runtime_lora_updating:
+        _add_lora_routes(app, state)
     _add_sim_routes(app, state)
     return app
 
@@ -130,7 +147,7 @@ def _add_generation_routes(app: FastAPI, state: SimPodState) -> None:
 
     @app.post("/v1/chat/completions")
     async def chat(body: p.ChatRequest, request: Request) -> Response:
-        state.check_model(body.model)
+        lora = state.check_model(body.model)
         state.last_authorization = request.headers.get("authorization")
         try:
             prompt = state.tokenizer.encode_chat(
@@ -143,35 +160,44 @@ def _add_generation_routes(app: FastAPI, state: SimPodState) -> None:
                 },
             )
         except PromptError as exc:
-            raise _bad_request(str(exc), "messages") from exc
+            raise bad_request(str(exc), "messages") from exc
         if body.max_completion_tokens is not None:
             budget = state.check_lengths(
                 prompt, body.max_completion_tokens, "max_completion_tokens"
             )
         else:
             budget = state.check_lengths(prompt, body.max_tokens, "max_tokens")
-        return await _serve(state, request, body, Generation("chat", model, prompt, budget))
+        gen = Generation("chat", body.model or model, prompt, budget, lora=lora)
+        return await _serve(state, request, body, gen)
 
     @app.post("/v1/completions")
     async def completions(body: p.CompletionRequest, request: Request) -> Response:
-        state.check_model(body.model)
+        lora = state.check_model(body.model)
         state.last_authorization = request.headers.get("authorization")
         try:
             prompt = state.tokenizer.encode_prompt(body.prompt, body.add_special_tokens)
         except PromptError as exc:
-            raise _bad_request(str(exc), "prompt") from exc
+            raise bad_request(str(exc), "prompt") from exc
         budget = state.check_lengths(prompt, body.max_tokens, "max_tokens")
-        return await _serve(state, request, body, Generation("completion", model, prompt, budget))
+        gen = Generation("completion", body.model or model, prompt, budget, lora=lora)
+        return await _serve(state, request, body, gen)
 
 
 async def _serve(
     state: SimPodState, request: Request, body: p._Generation, gen: Generation
 ) -> Response:
     if body.n not in (None, 1):
-        raise _bad_request("the simulator serves n=1 only", "n")
+        raise bad_request("the simulator serves n=1 only", "n")
     include, continuous = body.usage_flags()
     gen = Generation(
-        gen.kind, gen.model, gen.prompt, gen.max_tokens, body.cache_salt, include, continuous
+        gen.kind,
+        gen.model,
+        gen.prompt,
+        gen.max_tokens,
+        body.cache_salt,
+        include,
+        continuous,
+        gen.lora,
     )
     fault = state.faults.take()
     if fault == "error_500":
@@ -217,8 +243,13 @@ def _add_info_routes(app: FastAPI, state: SimPodState) -> None:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        card = p.model_card(cfg.model, str(tok.path), cfg.max_model_len, int(time.time()))
-        return {"object": "list", "data": [card]}
+        now = int(time.time())
+        cards = [p.model_card(cfg.model, str(tok.path), cfg.max_model_len, now)]
+        cards += [
+            p.model_card(name, f"/adapters/{name}", cfg.max_model_len, now, parent=cfg.model)
+            for name in state.adapters.names()
+        ]
+        return {"object": "list", "data": cards}
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -234,7 +265,7 @@ def _add_info_routes(app: FastAPI, state: SimPodState) -> None:
         try:
             ids = _tokenize(state, body)
         except PromptError as exc:
-            raise _bad_request(str(exc)) from exc
+            raise bad_request(str(exc)) from exc
         return {"count": len(ids), "max_model_len": cfg.max_model_len, "tokens": ids,
                 "token_strs": None}  # fmt: skip
 
@@ -242,7 +273,7 @@ def _add_info_routes(app: FastAPI, state: SimPodState) -> None:
     async def detokenize(body: p.DetokenizeRequest) -> dict[str, str]:
         state.check_model(body.model)
         if any(t < 0 or t >= tok.vocab_size for t in body.tokens):
-            raise _bad_request("token id out of vocabulary", "tokens")
+            raise bad_request("token id out of vocabulary", "tokens")
         return {"prompt": tok.decode(body.tokens, skip_special_tokens=False)}
 
 
@@ -254,6 +285,39 @@ def _tokenize(state: SimPodState, body: p.TokenizeRequest) -> list[int]:
         raise PromptError("either prompt or messages is required")
     special = True if body.add_special_tokens is None else body.add_special_tokens
     return state.tokenizer.encode_prompt(body.prompt, special)
+
+
+def _add_lora_routes(app: FastAPI, state: SimPodState) -> None:
+    """vLLM's runtime adapter endpoints (plain-text success, its error messages)."""
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(body: p.LoadLoraRequest) -> Response:
+        name = body.lora_name
+        if not name or not body.lora_path:
+            raise ApiError(400, "Both 'lora_name' and 'lora_path' must be provided.",
+                           "InvalidUserInput")  # fmt: skip
+        if name == state.config.model:
+            raise ApiError(400, f"The lora adapter '{name}' conflicts with a served base "
+                           "model.", "InvalidUserInput")  # fmt: skip
+        try:
+            loaded = state.adapters.load(name)
+        except LoraLimit as exc:
+            raise ApiError(500, str(exc), "InternalServerError") from exc
+        if not loaded and not body.load_inplace:
+            raise ApiError(400, f"The lora adapter '{name}' has already been loaded. If you "
+                           "want to load the adapter in place, set 'load_inplace' to True.",
+                           "InvalidUserInput")  # fmt: skip
+        return Response(f"Success: LoRA adapter '{name}' added successfully.")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(body: p.UnloadLoraRequest) -> Response:
+        name = body.lora_name
+        if not name:
+            raise ApiError(400, "'lora_name' needs to be provided to unload a LoRA adapter.",
+                           "InvalidUserInput")  # fmt: skip
+        if not state.adapters.unload(name):
+            raise ApiError(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError")
+        return Response(f"Success: LoRA adapter '{name}' removed successfully.")
 
 
 def _add_sim_routes(app: FastAPI, state: SimPodState) -> None:

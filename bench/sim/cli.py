@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--kv-events-old-shape", action="store_true", help="positional events (vLLM <= 0.23)")
     a("--kv-events-bytes-hashes", action="store_true", help="raw digest hashes, not uint64")
     a("--data-parallel-rank", type=int, default=0, help="offsets event ports like vLLM")
+    a("--lora-modules", nargs="*", default=[], metavar="NAME[=PATH]",
+      help="LoRA adapters served from the start (like vLLM's; the path is ignored)")  # fmt: skip
+    a("--allow-runtime-lora-updating", action="store_true",
+      default=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"),
+      help="serve /v1/load_lora_adapter and /v1/unload_lora_adapter (default: vLLM's env "
+           "VLLM_ALLOW_RUNTIME_LORA_UPDATING)")  # fmt: skip
     a("--log-level", default="warning")
 
 
@@ -144,6 +151,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
             args.kv_events_config, args.kv_events_old_shape, args.kv_events_bytes_hashes
         ),
         data_parallel_rank=args.data_parallel_rank,
+        lora_modules=tuple(m.split("=", 1)[0] for m in args.lora_modules),
+        allow_runtime_lora_updating=args.allow_runtime_lora_updating,
         l1_capacity_blocks=args.l1_capacity_blocks,
         l1_policy=args.l1_policy,
         l2_dir=args.l2_dir,

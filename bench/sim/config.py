@@ -79,6 +79,12 @@ class SimConfig:
     kv_events: KVEventsSettings | None = None
     engine_index: int = 0  # the ``engine`` label of vLLM's metrics
     data_parallel_rank: int = 0
+    # LoRA adapters served from the start (vLLM's --lora-modules names); more can be
+    # loaded at runtime (POST /v1/load_lora_adapter) when runtime updating is allowed,
+    # as VLLM_ALLOW_RUNTIME_LORA_UPDATING=True allows it in vLLM.
+    lora_modules: tuple[str, ...] = ()
+    allow_runtime_lora_updating: bool = False
+    max_lora_adapters: int = 64  # adapters registered at once (bounds the sim's state)
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:

@@ -98,6 +98,7 @@ class _Run:
     max_tokens: int
     cache_salt: str | None
     arrival: float
+    lora: tuple[int, str] | None = None  # (lora_id, lora_name) of the adapter, if any
     tokens: list[int] = field(default_factory=list)  # prompt + output so far
     hashes: list[BlockHash] = field(default_factory=list)
     l2_keys: list[BlockHash] = field(default_factory=list)  # file names in the L2 dir
@@ -105,6 +106,10 @@ class _Run:
     admission: Admission | None = None
     emitted: int = 0
     first_token_at: float = 0.0
+
+    @property
+    def lora_name(self) -> str | None:
+        return None if self.lora is None else self.lora[1]
 
 
 @dataclass(slots=True)
@@ -180,10 +185,14 @@ class SimEngine:
 
     @asynccontextmanager
     async def session(
-        self, prompt: list[int], max_tokens: int, cache_salt: str | None = None
+        self,
+        prompt: list[int],
+        max_tokens: int,
+        cache_salt: str | None = None,
+        lora: tuple[int, str] | None = None,
     ) -> AsyncIterator[_Run]:
         """Hold a running slot for one request; always releases and records it."""
-        run = _Run(prompt, max_tokens, cache_salt, time.monotonic(), tokens=list(prompt))
+        run = _Run(prompt, max_tokens, cache_salt, time.monotonic(), lora, tokens=list(prompt))
         await self._slots.acquire()
         reason = "abort"
         try:
@@ -199,7 +208,7 @@ class SimEngine:
         cfg = self.config
         bs = cfg.block_size
         n = len(run.prompt)
-        run.hashes = self.hasher.block_hashes(run.prompt, run.cache_salt)
+        run.hashes = self.hasher.block_hashes(run.prompt, run.cache_salt, lora_name=run.lora_name)
         run.l2_keys = self._l2_keys(run)
         hit = self.cache.lookup(run.hashes, n, bs, run.l2_keys)
         plan = self.timing.plan(n, hit, bs)
@@ -230,7 +239,7 @@ class SimEngine:
             return []
         if self._l2_hasher is None:
             return run.hashes
-        keys = self._l2_hasher.block_hashes(run.prompt, run.cache_salt)
+        keys = self._l2_hasher.block_hashes(run.prompt, run.cache_salt, lora_name=run.lora_name)
         for key, engine_hash in zip(keys, run.hashes, strict=True):
             self._l2_engine.put(key, engine_hash)
         return keys
@@ -254,12 +263,12 @@ class SimEngine:
         bs = self.config.block_size
         keys: list[tuple[Any, ...] | None] = []
         for i in range(start, end):
-            extra = self.hasher.extra_keys(i, run.cache_salt)
+            extra = self.hasher.extra_keys(i, run.cache_salt, run.lora_name)
             # Events carry the untagged values: ("cache_salt", s) -> s.
             keys.append(None if extra is None else tuple(k[1] for k in extra))
         parent = run.hashes[start - 1] if start > 0 else None
         return self._events.stored(
-            run.hashes[start:end], parent, run.tokens[start * bs : end * bs], keys
+            run.hashes[start:end], parent, run.tokens[start * bs : end * bs], keys, lora=run.lora
         )
 
     def _publish(self, events: list[AnyEvent]) -> None:
@@ -349,7 +358,9 @@ class SimEngine:
         if computed // bs <= len(run.hashes):
             return
         start = len(run.hashes)
-        run.hashes += self.hasher.block_hashes(run.tokens[:computed], run.cache_salt, run.hashes)
+        run.hashes += self.hasher.block_hashes(
+            run.tokens[:computed], run.cache_salt, run.hashes, run.lora_name
+        )
         done = self.cache.admit(run.hashes, _NO_HIT)
         events: list[AnyEvent] = [self._events.removed(h) for h in done.l0.evicted]
         if done.l0.held > start:

@@ -132,15 +132,16 @@ class EventFactory:
         token_ids: list[int],
         extra_keys: list[tuple[Any, ...] | None],
         medium: str = "GPU",
+        lora: tuple[int, str] | None = None,
     ) -> BlockStored:
         return BlockStored(
             block_hashes=[self.ext(h) for h in hashes],
             parent_block_hash=None if parent is None else self.ext(parent),
             token_ids=token_ids,
             block_size=self.block_size,
-            lora_id=None,
+            lora_id=None if lora is None else lora[0],
             medium=medium,
-            lora_name=None,
+            lora_name=None if lora is None else lora[1],
             extra_keys=extra_keys or None,
             group_idx=0,
             kv_cache_spec_kind="full_attention",

@@ -26,6 +26,7 @@ class Generation:
     cache_salt: str | None = None
     include_usage: bool = False
     continuous_usage: bool = False
+    lora: tuple[int, str] | None = None  # (lora_id, name) when the model is an adapter
 
     @property
     def id_prefix(self) -> str:
@@ -41,7 +42,7 @@ def _final_usage(gen: Generation, adm: Admission, completion: int, final_chunk: 
 async def complete(engine: SimEngine, gen: Generation) -> dict:
     """Run to the end and return the non-streaming response body."""
     pieces: list[str] = []
-    async with engine.session(gen.prompt, gen.max_tokens, gen.cache_salt) as run:
+    async with engine.session(gen.prompt, gen.max_tokens, gen.cache_salt, gen.lora) as run:
         adm = await engine.prefill(run)
         async for token in engine.tokens(run):
             pieces.append(engine.tokenizer.piece(token))
@@ -71,7 +72,7 @@ async def stream(
         sent += 1
         return _sse(obj)
 
-    async with engine.session(gen.prompt, gen.max_tokens, gen.cache_salt) as run:
+    async with engine.session(gen.prompt, gen.max_tokens, gen.cache_salt, gen.lora) as run:
         adm = await engine.prefill(run)
         if gen.kind == "chat":
             first = p.chat_chunk(rid, created, gen.model, {"role": "assistant", "content": ""},

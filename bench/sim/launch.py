@@ -41,11 +41,16 @@ def _config_flags(overrides: dict[str, Any]) -> list[str]:
     """SimConfig field overrides → CLI flags (``itl_s=0.01`` → ``--itl-ms 10``)."""
     flags: list[str] = []
     for key, value in overrides.items():
+        flag = _RENAMED.get(key, "--" + key.replace("_", "-"))
         if key in _SCALED:
             flag, scale = _SCALED[key]
             flags += [flag, repr(float(value) * scale)]
+        elif isinstance(value, bool):  # a store_true flag
+            flags += [flag] if value else []
+        elif isinstance(value, tuple | list):
+            flags += [flag, *map(str, value)]
         else:
-            flags += [_RENAMED.get(key, "--" + key.replace("_", "-")), str(value)]
+            flags += [flag, str(value)]
     return flags
 
 

@@ -67,6 +67,32 @@ class TokenizeRequest(_Body):
     add_generation_prompt: bool = True
 
 
+class ResponsesRequest(_Body):
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    max_output_tokens: int | None = None
+    stream: bool | None = False
+    cache_salt: str | None = None
+
+
+class MessagesRequest(_Body):
+    model: str
+    messages: list[dict[str, Any]]
+    max_tokens: int
+    stream: bool | None = False
+    cache_salt: str | None = None
+
+
+class LoadLoraRequest(_Body):
+    lora_name: str
+    lora_path: str
+    load_inplace: bool = False
+
+
+class UnloadLoraRequest(_Body):
+    lora_name: str
+
+
 class DetokenizeRequest(_Body):
     model: str | None = None
     tokens: list[int]
@@ -215,7 +241,9 @@ def completion_chunk(rid: str, created: int, model: str, text: str, reason: str 
     }
 
 
-def model_card(model: str, root: str, max_model_len: int, created: int) -> dict:
+def model_card(
+    model: str, root: str, max_model_len: int, created: int, parent: str | None = None
+) -> dict:
     permission = {
         "id": new_id("modelperm"),
         "object": "model_permission",
@@ -236,7 +264,7 @@ def model_card(model: str, root: str, max_model_len: int, created: int) -> dict:
         "created": created,
         "owned_by": "vllm",
         "root": root,
-        "parent": None,
+        "parent": parent,
         "max_model_len": max_model_len,
         "permission": [permission],
     }

@@ -5,22 +5,37 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.app import PROXIED
+from gateway.apis import APIS, error_style
 from tests.inproc.harness import CHAT, inproc_gateway
 from tests.inproc.scripted_pod import MODEL, answer
-from tests.openai_errors import assert_openai_error
+from tests.openai_errors import assert_anthropic_error, assert_openai_error
 
-PROXIED_BODIES = {
-    "/v1/chat/completions": CHAT,
-    "/v1/completions": {"model": MODEL, "prompt": "hello"},
-    "/v1/embeddings": {"model": MODEL, "input": "hello"},
-    "/tokenize": {"model": MODEL, "prompt": "hello"},
-    "/detokenize": {"model": MODEL, "tokens": [1, 2]},
+ANTHROPIC = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+AUDIO = {"files": {"file": ("a.wav", b"RIFF....", "audio/wav")}, "data": {"model": MODEL}}
+PROXIED_REQUESTS = {
+    "/v1/chat/completions": {"json": CHAT},
+    "/v1/completions": {"json": {"model": MODEL, "prompt": "hello"}},
+    "/v1/responses": {"json": {"model": MODEL, "input": "hello"}},
+    "/v1/messages": {"json": ANTHROPIC},
+    "/v1/messages/count_tokens": {"json": ANTHROPIC},
+    "/v1/embeddings": {"json": {"model": MODEL, "input": "hello"}},
+    "/tokenize": {"json": {"model": MODEL, "prompt": "hello"}},
+    "/detokenize": {"json": {"model": MODEL, "tokens": [1, 2]}},
+    "/pooling": {"json": {"model": MODEL, "input": "hello"}},
+    "/classify": {"json": {"model": MODEL, "input": "hello"}},
+    "/v1/score": {"json": {"model": MODEL, "text_1": "a", "text_2": "b"}},
+    "/score": {"json": {"model": MODEL, "text_1": "a", "text_2": "b"}},
+    "/v1/rerank": {"json": {"model": MODEL, "query": "q", "documents": ["a"]}},
+    "/rerank": {"json": {"model": MODEL, "query": "q", "documents": ["a"]}},
+    "/v2/rerank": {"json": {"model": MODEL, "query": "q", "documents": ["a"]}},
+    "/v1/audio/transcriptions": AUDIO,
+    "/v1/audio/translations": AUDIO,
 }
-assert set(PROXIED_BODIES) == {path for path, _ in PROXIED}  # a new endpoint is covered here
+assert set(PROXIED_REQUESTS) == {api.path for api in APIS}  # a new endpoint is covered here
+STYLE = {api.path: error_style(api.kind) for api in APIS}
 ENDPOINTS = [
-    *(("POST", path, body) for path, body in PROXIED_BODIES.items()),
-    ("GET", "/v1/models", None),
+    *(("POST", path, request) for path, request in PROXIED_REQUESTS.items()),
+    ("GET", "/v1/models", {}),
 ]
 IDS = [path for _, path, _ in ENDPOINTS]
 ADMIN_ENDPOINTS = [
@@ -40,8 +55,11 @@ async def test_missing_wrong_or_non_bearer_key_is_401_before_any_work(
 ):
     async with inproc_gateway(pod_a, api_keys=["sk-good", "sk-other"]) as g:
         headers = {"authorization": auth} if auth else {}
-        r = await g.client.request(method, path, json=body, headers=headers)
-        assert assert_openai_error(r, 401)["type"] == "authentication_error"
+        r = await g.client.request(method, path, headers=headers, **body)
+        if STYLE.get(path) == "anthropic":
+            assert assert_anthropic_error(r, 401)["type"] == "authentication_error"
+        else:
+            assert assert_openai_error(r, 401)["type"] == "authentication_error"
         assert pod_a.received == []
 
 
@@ -49,8 +67,21 @@ async def test_missing_wrong_or_non_bearer_key_is_401_before_any_work(
 async def test_right_key_is_200(pod_a, method, path, body):
     pod_a.default = answer({"count": 3, "tokens": [1, 2, 3]})  # /tokenize, /detokenize ...
     async with inproc_gateway(pod_a, api_keys=["sk-good", "sk-other"]) as g:
-        r = await g.client.request(method, path, json=body, headers=GOOD)
+        r = await g.client.request(method, path, headers=GOOD, **body)
         assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/chat/completions"])
+async def test_an_x_api_key_header_is_a_client_key_too(pod_a, path):
+    """Anthropic's clients send their key as ``x-api-key``."""
+    async with inproc_gateway(pod_a, api_keys=["sk-good"]) as g:
+        r = await g.client.post(path, headers={"x-api-key": "sk-good"},
+                                **PROXIED_REQUESTS[path])  # fmt: skip
+        assert r.status_code == 200, r.text
+        wrong = await g.client.post(path, headers={"x-api-key": "sk-bad"},
+                                    **PROXIED_REQUESTS[path])  # fmt: skip
+        assert wrong.status_code == 401
+        assert "x-api-key" not in pod_a.received[0].headers
 
 
 async def test_pod_key_replaces_the_clients_key_upstream(start_pod):
