@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.apis import CACHE_ROUTED
 from gateway.auth import bearer_token, key_matches
 from gateway.errors import GatewayError
 from gateway.http_limits import read_limited
@@ -97,11 +98,15 @@ async def index_stats(request: Request) -> Response:
 
 
 async def index_lookup(request: Request) -> Response:
-    """Which pods and tiers hold how many blocks of a prompt (chat or completion)."""
+    """Which pods and tiers hold how many blocks of a prompt: a chat or completion body,
+    or the body of the API named by ``"api"`` (``responses``, ``messages``); ``model``
+    may be a LoRA adapter."""
     gw = _admin(request)
     raw = await _body(request, gw)
     probe = parse_body(raw, "tokenize")
-    kind = "chat" if "messages" in probe.body else "completions"
+    kind = probe.body.get("api") or ("chat" if "messages" in probe.body else "completions")
+    if kind not in CACHE_ROUTED:
+        raise GatewayError(400, f"'api' must be one of {sorted(CACHE_ROUTED)}", param="api")
     parsed = parse_body(raw, kind)
     model = parsed.model or ""
     if model not in gw.registry.known_models():  # no metric series or tokenizer per guess

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.tinylora import build_lora_adapter
 from bench.vllm_pods import (
     VllmServer,
     VllmUnavailable,
@@ -22,6 +23,8 @@ from bench.vllm_pods import (
     running_servers,
     vllm_python,
 )
+
+LORA_ADAPTER = "sql-lora"  # served by the LoRA pod from the start
 
 _E2E_DIR = Path(__file__).parent
 
@@ -69,6 +72,42 @@ def vllm_pods(
     log_dir = tmp_path_factory.mktemp("vllm-logs")
     with running_servers(vllm_venv_python, tiny_model_dir, log_dir, n=2) as servers:
         yield servers
+
+
+@pytest.fixture(scope="session")
+def lora_adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Random rank-8 adapters for the tiny model, written by ``bench.tinylora``."""
+    root = tmp_path_factory.mktemp("lora")
+    return {name: build_lora_adapter(root / name, seed=seed)
+            for seed, name in enumerate((LORA_ADAPTER, "ops-lora"))}  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def lora_pod_starting(
+    vllm_venv_python: Path,
+    tiny_model_dir: Path,
+    lora_adapters: dict[str, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[VllmServer]:
+    """A third vLLM server, with LoRA, launched but not yet ready (ask for it before
+    ``vllm_pods`` and all three start at once): ``sql-lora`` from the start, more
+    loadable at runtime (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``), and vLLM's render
+    endpoints (``--enable-scale-out``) to show the token ids it renders a request to."""
+    args = ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2",
+            "--lora-modules", f"{LORA_ADAPTER}={lora_adapters[LORA_ADAPTER]}",
+            "--enable-scale-out"]  # fmt: skip
+    log = tmp_path_factory.mktemp("vllm-lora-logs") / "vllm-lora.log"
+    server = VllmServer(vllm_venv_python, tiny_model_dir, log, name="vllm-lora",
+                        extra_args=args,
+                        extra_env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"})  # fmt: skip
+    with server:
+        yield server.start()
+
+
+@pytest.fixture(scope="session")
+def lora_pod(lora_pod_starting: VllmServer) -> VllmServer:
+    """``lora_pod_starting``, once it answers."""
+    return lora_pod_starting.launch(started=True)
 
 
 @pytest.fixture

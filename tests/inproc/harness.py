@@ -34,6 +34,28 @@ FAST: dict[str, dict[str, float]] = {
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}]}
 STREAM_CHAT = {**CHAT, "stream": True}
+ANTHROPIC = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+AUDIO = {"files": {"file": ("a.wav", b"RIFF....", "audio/wav")}, "data": {"model": MODEL}}
+# One valid request (httpx keyword arguments) per path the gateway serves.
+API_REQUESTS: dict[str, dict[str, Any]] = {
+    "/v1/chat/completions": {"json": CHAT},
+    "/v1/completions": {"json": {"model": MODEL, "prompt": "hello"}},
+    "/v1/responses": {"json": {"model": MODEL, "input": "hello"}},
+    "/v1/messages": {"json": ANTHROPIC},
+    "/v1/messages/count_tokens": {"json": ANTHROPIC},
+    "/v1/embeddings": {"json": {"model": MODEL, "input": "hello"}},
+    "/tokenize": {"json": {"model": MODEL, "prompt": "hello"}},
+    "/detokenize": {"json": {"model": MODEL, "tokens": [1, 2]}},
+    "/pooling": {"json": {"model": MODEL, "input": "hello"}},
+    "/classify": {"json": {"model": MODEL, "input": "hello"}},
+    "/v1/score": {"json": {"model": MODEL, "text_1": "a", "text_2": "b"}},
+    "/score": {"json": {"model": MODEL, "text_1": "a", "text_2": "b"}},
+    "/v1/rerank": {"json": {"model": MODEL, "query": "q", "documents": ["a"]}},
+    "/rerank": {"json": {"model": MODEL, "query": "q", "documents": ["a"]}},
+    "/v2/rerank": {"json": {"model": MODEL, "query": "q", "documents": ["a"]}},
+    "/v1/audio/transcriptions": AUDIO,
+    "/v1/audio/translations": AUDIO,
+}
 
 
 @dataclass
@@ -71,6 +93,9 @@ class InprocGateway:
 
     def stream_chat(self, body: dict | None = None) -> StreamingCall:
         return StreamingCall(self.app, "/v1/chat/completions", json.dumps(body or STREAM_CHAT))
+
+    def stream(self, path: str, body: dict) -> StreamingCall:
+        return StreamingCall(self.app, path, json.dumps(body))
 
 
 @contextlib.asynccontextmanager

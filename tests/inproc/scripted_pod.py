@@ -193,6 +193,9 @@ class ScriptedPod:
         self.api_key = api_key
         self.received: list[Received] = []
         self.default: Behaviour = answer(completion(text=f"from {name}"))
+        # what /v1/models lists: the model, and LoRA adapters as cards with a parent
+        self.cards: list[dict[str, object]] = [{"id": MODEL, "object": "model", "parent": None}]
+        self.model_reads = 0  # GET /v1/models answered
         self._script: deque[Behaviour] = deque()
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.StreamWriter, asyncio.Task[object]] = {}
@@ -208,6 +211,13 @@ class ScriptedPod:
 
     def script(self, *behaviours: Behaviour) -> None:
         self._script.extend(behaviours)
+
+    def load_adapter(self, name: str) -> None:
+        """List a LoRA adapter of ``MODEL`` from now on (vLLM's /v1/load_lora_adapter)."""
+        self.cards.append({"id": name, "object": "model", "parent": MODEL})
+
+    def unload_adapter(self, name: str) -> None:
+        self.cards = [c for c in self.cards if c["id"] != name]
 
     async def start(self) -> ScriptedPod:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -254,8 +264,8 @@ class ScriptedPod:
 
     async def _probe(self, wire: Wire, path: str) -> None:
         if path == "/v1/models":
-            card = {"id": MODEL, "object": "model", "owned_by": "scripted"}
-            data = json.dumps({"object": "list", "data": [card]}).encode()
+            self.model_reads += 1
+            data = json.dumps({"object": "list", "data": self.cards}).encode()
             media = "application/json"
         elif path == "/metrics":  # an idle engine, as vLLM reports it
             data = b"".join(

@@ -6,31 +6,11 @@ from __future__ import annotations
 import pytest
 
 from gateway.apis import APIS, error_style
-from tests.inproc.harness import CHAT, inproc_gateway
+from tests.inproc.harness import API_REQUESTS as PROXIED_REQUESTS
+from tests.inproc.harness import inproc_gateway
 from tests.inproc.scripted_pod import MODEL, answer
 from tests.openai_errors import assert_anthropic_error, assert_openai_error
 
-ANTHROPIC = {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
-AUDIO = {"files": {"file": ("a.wav", b"RIFF....", "audio/wav")}, "data": {"model": MODEL}}
-PROXIED_REQUESTS = {
-    "/v1/chat/completions": {"json": CHAT},
-    "/v1/completions": {"json": {"model": MODEL, "prompt": "hello"}},
-    "/v1/responses": {"json": {"model": MODEL, "input": "hello"}},
-    "/v1/messages": {"json": ANTHROPIC},
-    "/v1/messages/count_tokens": {"json": ANTHROPIC},
-    "/v1/embeddings": {"json": {"model": MODEL, "input": "hello"}},
-    "/tokenize": {"json": {"model": MODEL, "prompt": "hello"}},
-    "/detokenize": {"json": {"model": MODEL, "tokens": [1, 2]}},
-    "/pooling": {"json": {"model": MODEL, "input": "hello"}},
-    "/classify": {"json": {"model": MODEL, "input": "hello"}},
-    "/v1/score": {"json": {"model": MODEL, "text_1": "a", "text_2": "b"}},
-    "/score": {"json": {"model": MODEL, "text_1": "a", "text_2": "b"}},
-    "/v1/rerank": {"json": {"model": MODEL, "query": "q", "documents": ["a"]}},
-    "/rerank": {"json": {"model": MODEL, "query": "q", "documents": ["a"]}},
-    "/v2/rerank": {"json": {"model": MODEL, "query": "q", "documents": ["a"]}},
-    "/v1/audio/transcriptions": AUDIO,
-    "/v1/audio/translations": AUDIO,
-}
 assert set(PROXIED_REQUESTS) == {api.path for api in APIS}  # a new endpoint is covered here
 STYLE = {api.path: error_style(api.kind) for api in APIS}
 ENDPOINTS = [

@@ -1,0 +1,90 @@
+"""LoRA adapters: learnt from each pod's /v1/models (cards with a parent), an adapter's
+requests go only to pods serving it, and the gateway re-reads the pods' models when a
+request names a model none listed (an adapter loaded since) or a pod answers 404 (one
+unloaded); what it keeps per pod is bounded."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bench.polling import wait_for_async
+from tests.inproc.harness import ANTHROPIC, CHAT, inproc_gateway
+from tests.inproc.scripted_pod import MODEL, answer
+from tests.openai_errors import assert_anthropic_error, assert_openai_error
+
+ADAPTER = {**CHAT, "model": "sql-lora"}
+
+
+async def test_an_adapter_goes_only_to_the_pods_that_serve_it(pod_a, pod_b):
+    pod_b.load_adapter("sql-lora")
+    async with inproc_gateway(pod_a, pod_b, strategy="round-robin") as g:
+        adapter = [(await g.chat(ADAPTER)).headers["x-kvgate-pod"] for _ in range(4)]
+        base = [(await g.chat()).headers["x-kvgate-pod"] for _ in range(4)]
+    assert adapter == ["pod-b"] * 4
+    assert sorted(base) == ["pod-a", "pod-a", "pod-b", "pod-b"]
+
+
+async def test_an_adapter_no_pod_serves_is_404_in_each_apis_shape(pod_a):
+    async with inproc_gateway(pod_a) as g:
+        chat = await g.chat(ADAPTER)
+        err = assert_openai_error(chat, 404, param="model")
+        assert err["code"] == "model_not_found" and MODEL in err["message"]
+        messages = await g.client.post("/v1/messages", json={**ANTHROPIC, "model": "sql-lora"})
+        assert assert_anthropic_error(messages, 404)["type"] == "not_found_error"
+        # only models the registry knows become metric labels
+        assert g.metric("kvgate_requests_total", model="sql-lora") == 0
+        assert g.metric("kvgate_requests_total", model="", status="404") == 2
+
+
+async def test_an_adapter_loaded_after_the_last_probe_is_found_by_asking_the_pods(pod_a):
+    async with inproc_gateway(pod_a) as g:  # probes once, at start-up
+        reads = pod_a.model_reads
+        pod_a.load_adapter("sql-lora")
+        r = await g.chat(ADAPTER)
+        assert r.status_code == 200, r.text
+        assert pod_a.model_reads == reads + 1
+
+
+async def test_unknown_models_reread_the_pods_at_most_once_per_interval(pod_a):
+    async with inproc_gateway(pod_a, lora={"refresh_min_interval_s": 60}) as g:
+        reads = pod_a.model_reads
+        answers = await asyncio.gather(*(g.chat({**CHAT, "model": f"m{i}"}) for i in range(8)))
+        assert [r.status_code for r in answers] == [404] * 8
+        assert pod_a.model_reads == reads + 1
+
+
+async def test_a_pod_answering_404_is_reread_and_loses_the_adapter(pod_a, pod_b):
+    for pod in (pod_a, pod_b):
+        pod.load_adapter("sql-lora")
+    async with inproc_gateway(pod_a, pod_b, strategy="round-robin") as g:
+        pod_a.unload_adapter("sql-lora")
+        pod_a.script(answer({"error": {"message": "The model `sql-lora` does not exist."}}, 404))
+        assert (await g.chat(ADAPTER)).status_code == 404  # pod-a's own answer, passed on
+        await wait_for_async(
+            lambda: "sql-lora" not in g.gw.registry.get("pod-a").models, 2.0, "pod-a re-read"
+        )
+        after = [(await g.chat(ADAPTER)).headers["x-kvgate-pod"] for _ in range(3)]
+    assert after == ["pod-b"] * 3
+
+
+async def test_the_models_kept_per_pod_are_bounded(pod_a):
+    for i in range(5):
+        pod_a.load_adapter(f"lora-{i}")
+    async with inproc_gateway(pod_a, lora={"max_models_per_pod": 3}) as g:
+        assert g.gw.registry.known_models() == {MODEL, "lora-0", "lora-1"}
+        listed = (await g.client.get("/v1/models")).json()["data"]
+        assert sorted((c["id"], c["parent"] or "") for c in listed) == [
+            ("lora-0", MODEL), ("lora-1", MODEL), (MODEL, ""),
+        ]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", ["/v1/responses", "/v1/messages"])
+async def test_adapters_route_on_every_generation_api(pod_a, pod_b, path):
+    pod_a.load_adapter("sql-lora")
+    body = {"model": "sql-lora", "input": "hi"} if path == "/v1/responses" else {
+        **ANTHROPIC, "model": "sql-lora"}  # fmt: skip
+    async with inproc_gateway(pod_a, pod_b, strategy="round-robin") as g:
+        pods = [(await g.client.post(path, json=body)).headers["x-kvgate-pod"] for _ in range(3)]
+    assert pods == ["pod-a"] * 3
