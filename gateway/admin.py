@@ -136,7 +136,7 @@ async def bounds(request: Request) -> Response:
     """Every bounded structure's size, capacity and worst-case bytes; the process's RSS
     and open file descriptors (``kvgate bench soak`` samples this every minute)."""
     gw = _admin(request)
-    structures = {**gw.kv.bounds(), **gw.router.core.bounds()}
+    structures = {**gw.kv.bounds(), **gw.router.core.bounds(), **gw.registry.bounds()}
     return JSONResponse(
         {
             "process": process_usage(),

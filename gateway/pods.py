@@ -25,6 +25,7 @@ import httpx
 
 from gateway.config import HealthSettings, LoraSettings, PodConfig
 from gateway.metrics import GatewayMetrics
+from kvindex.types import Bound
 from routing.core import IDLE_ENGINE, EngineLoad
 
 log = logging.getLogger("kvgate.pods")
@@ -32,6 +33,8 @@ T = TypeVar("T")
 
 PodListener = Callable[["Pod"], Awaitable[None] | None]
 RemovalListener = Callable[[str], Awaitable[None] | None]
+
+MODEL_CARD_BYTES = 1_300  # one /v1/models card as parsed JSON (tracemalloc, CPython 3.11)
 
 _SCRAPED = {
     "vllm:num_requests_waiting": "waiting",
@@ -161,6 +164,12 @@ class PodRegistry:
         for p in self._pods.values():
             models |= p.models
         return models
+
+    def bounds(self) -> dict[str, Bound]:
+        """The model cards kept of each pod (``/admin/bounds``)."""
+        cap = self._lora.max_models_per_pod
+        return {f"model_cards[{p.name}]": Bound(len(p.model_cards), cap, "cards", MODEL_CARD_BYTES)
+                for p in self._pods.values()}  # fmt: skip
 
     def serving_models(self) -> set[str]:
         models: set[str] = set()

@@ -11,9 +11,8 @@ async def test_admin_bounds_lists_every_structure_under_its_capacity(pod_a):
         assert (await g.chat()).status_code == 200
         body = (await g.admin.get("/admin/bounds")).json()
         structures = body["structures"]
-        assert {"index", "load.pods", "prefix-aware.prefixes", "speculations_pending"} <= set(
-            structures
-        )
+        assert {"index", "load.pods", "prefix-aware.prefixes", "speculations_pending",
+                "model_cards[pod-a]"} <= set(structures)  # fmt: skip
         for name, b in structures.items():
             assert 0 <= b["size"] <= b["capacity"], name
             assert b["worst_case_bytes"] == b["capacity"] * b["bytes_each"] > 0, name

@@ -12,35 +12,19 @@ import httpx
 import openai
 import pytest
 
-from bench.gateway_proc import run_gateway
 from bench.polling import wait_for
 from bench.prompts import text_of_tokens
-from bench.sim.launch import sim_fleet
+from bench.tinymodel import MODEL_NAME as MODEL
 from bench.tinymodel import ensure_tokenizer
+from tests.sim_gateway import model_env, sim_pods_and_gateway
 
-MODEL = "kvgate-tiny-llama"
-BLOCK = 32
 PREDICTED = "x-kvgate-predicted-cached-tokens"
 
 
 @pytest.fixture(scope="module")
-def fleet():
-    with sim_fleet(2, kv_events=True, block_size=BLOCK, itl_s=0.001, default_max_tokens=4,
-                   lora_modules=("sql-lora",)) as pods:  # fmt: skip
-        yield pods
-
-
-@pytest.fixture(scope="module")
-def gateway(fleet):
-    pods = [(p.name, f"{p.url},events={p.events_endpoint},replay={p.replay_endpoint}")
-            for p in fleet]  # fmt: skip
-    env = {
-        "KVGATE_MODELS": json.dumps(
-            {MODEL: {"block_size": BLOCK, "tokenizer": str(ensure_tokenizer())}}
-        ),
-        "KVGATE_EXPOSE_PREDICTIONS": "true",
-    }
-    with run_gateway(pods, "kv-aware", env=env) as gw:
+def gateway():
+    env = model_env(KVGATE_EXPOSE_PREDICTIONS="true")
+    with sim_pods_and_gateway(2, "kv-aware", env, lora_modules=("sql-lora",)) as (_, gw):
         yield gw
 
 
@@ -90,7 +74,7 @@ def test_messages_follow_their_cache_and_predict_cached_tokens_exactly(gateway, 
     assert all(cached >= 550 for _, _, cached in seen[1:]), seen
 
 
-def test_an_adapters_cache_is_its_own(gateway, fleet, system_prompt):
+def test_an_adapters_cache_is_its_own(gateway, system_prompt):
     """The same prompt under the base model and an adapter: each side's first request
     finds nothing cached, by the gateway's prediction and by the pod's count."""
     client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="x", max_retries=0)
