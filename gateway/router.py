@@ -17,6 +17,7 @@ from gateway.kv import KvIndex
 from gateway.metrics import GatewayMetrics
 from gateway.openai_body import ParsedRequest
 from gateway.pods import Pod
+from kvindex.keyer import root_key
 from routing.core import Candidate, IndexAnswer, Routed, RoutingCore
 from routing.prefix_hash import chat_prefix_hashes, text_prefix_hashes
 from routing.types import Outcome, RouteRequest, Strategy
@@ -64,10 +65,14 @@ class Router:
         def prefix_hashes() -> list[int]:
             if not cache_routed:
                 return []  # embeddings, pooling, audio ...: load alone
+            # Seeded like the engine's cache is partitioned: by model (an adapter is
+            # its own) and salt, so a prompt under one never matches another's pods.
+            salt = body.get("cache_salt")
+            seed = root_key(model, None, salt if isinstance(salt, str) and salt else None)
             messages = parsed.messages
             if messages is not None:
-                return chat_prefix_hashes(messages)
-            return text_prefix_hashes(body.get("prompt"))
+                return chat_prefix_hashes(messages, seed=seed)
+            return text_prefix_hashes(body.get("prompt"), seed=seed)
 
         def session_key() -> str | None:
             key = headers.get(self._session_header) or body.get(self._session_field)

@@ -88,3 +88,13 @@ async def test_adapters_route_on_every_generation_api(pod_a, pod_b, path):
     async with inproc_gateway(pod_a, pod_b, strategy="round-robin") as g:
         pods = [(await g.client.post(path, json=body)).headers["x-kvgate-pod"] for _ in range(3)]
     assert pods == ["pod-a"] * 3
+
+
+async def test_prefix_memory_keeps_an_adapters_prompts_apart_from_the_base_models(pod_a):
+    pod_a.load_adapter("sql-lora")
+    async with inproc_gateway(pod_a, strategy="prefix-aware") as g:
+        for model in (MODEL, "sql-lora", "sql-lora", MODEL):
+            assert (await g.chat({**CHAT, "model": model})).status_code == 200
+        hits = g.metric("kvgate_routing_decisions_total", reason="cache_hit")
+        misses = g.metric("kvgate_routing_decisions_total", reason="least_loaded")
+    assert (hits, misses) == (2, 2)  # each model's second request, never the first
