@@ -39,15 +39,20 @@ def _final_usage(gen: Generation, adm: Admission, completion: int, final_chunk: 
     return p.usage(adm.prompt_tokens, completion, adm.cached_tokens, created, final_chunk)
 
 
-async def complete(engine: SimEngine, gen: Generation) -> dict:
-    """Run to the end and return the non-streaming response body."""
+async def run_to_end(engine: SimEngine, gen: Generation) -> tuple[Admission, str, int]:
+    """Generate the whole answer: (admission, text, output tokens)."""
     pieces: list[str] = []
     async with engine.session(gen.prompt, gen.max_tokens, gen.cache_salt, gen.lora) as run:
         adm = await engine.prefill(run)
         async for token in engine.tokens(run):
             pieces.append(engine.tokenizer.piece(token))
-    text = "".join(pieces)
-    body_usage = _final_usage(gen, adm, len(pieces), final_chunk=False)
+    return adm, "".join(pieces), len(pieces)
+
+
+async def complete(engine: SimEngine, gen: Generation) -> dict:
+    """Run to the end and return the non-streaming response body."""
+    adm, text, n = await run_to_end(engine, gen)
+    body_usage = _final_usage(gen, adm, n, final_chunk=False)
     rid, fp = p.new_id(gen.id_prefix), p.fingerprint()
     if gen.kind == "chat":
         return p.chat_response(rid, gen.model, text, "length", body_usage, fp)

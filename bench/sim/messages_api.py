@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from bench.sim import protocol as p
 from bench.sim.engine import Admission, SimEngine
 from bench.sim.errors import ApiError, bad_request
-from bench.sim.generation import Generation
+from bench.sim.generation import Generation, run_to_end
 from gateway.http_limits import unless_client_leaves
 from kvindex.tokenization import UnsupportedPrompt, messages_prompt
 
@@ -65,14 +65,10 @@ def _usage(adm: Admission, output_tokens: int) -> dict[str, int]:
 
 
 async def _complete(engine: SimEngine, gen: Generation, rid: str) -> dict[str, Any]:
-    pieces: list[str] = []
-    async with engine.session(gen.prompt, gen.max_tokens, gen.cache_salt, gen.lora) as run:
-        adm = await engine.prefill(run)
-        async for token in engine.tokens(run):
-            pieces.append(engine.tokenizer.piece(token))
+    adm, text, n = await run_to_end(engine, gen)
     return {"id": rid, "type": "message", "role": "assistant",
-            "content": [{"type": "text", "text": "".join(pieces)}], "model": gen.model,
-            "stop_reason": "max_tokens", "usage": _usage(adm, len(pieces))}  # fmt: skip
+            "content": [{"type": "text", "text": text}], "model": gen.model,
+            "stop_reason": "max_tokens", "usage": _usage(adm, n)}  # fmt: skip
 
 
 def _event(kind: str, data: dict[str, Any]) -> str:

@@ -21,7 +21,7 @@ from fastapi.responses import Response, StreamingResponse
 from bench.sim import protocol as p
 from bench.sim.engine import Admission, SimEngine
 from bench.sim.errors import bad_request
-from bench.sim.generation import Generation
+from bench.sim.generation import Generation, run_to_end
 from gateway.http_limits import unless_client_leaves
 from kvindex.tokenization import UnsupportedPrompt, responses_prompt
 
@@ -130,13 +130,8 @@ def _usage(adm: Admission, output_tokens: int) -> dict[str, Any]:
 
 
 async def _complete(engine: SimEngine, gen: Generation, shell: _Shell) -> dict[str, Any]:
-    pieces: list[str] = []
-    async with engine.session(gen.prompt, gen.max_tokens, gen.cache_salt, gen.lora) as run:
-        adm = await engine.prefill(run)
-        async for token in engine.tokens(run):
-            pieces.append(engine.tokenizer.piece(token))
-    output = [shell.message("".join(pieces), "completed")]
-    return shell.body("incomplete", output, _usage(adm, len(pieces)))
+    adm, text, n = await run_to_end(engine, gen)
+    return shell.body("incomplete", [shell.message(text, "completed")], _usage(adm, n))
 
 
 async def _events(engine: SimEngine, gen: Generation, shell: _Shell) -> AsyncIterator[str]:

@@ -14,19 +14,21 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-import anthropic
 import httpx
-import openai
 import pytest
 
 from bench.gateway_proc import GatewayURL, run_gateway
 from bench.polling import wait_for
 from bench.vllm_pods import BLOCK_SIZE, MODEL_NAME, VllmServer
 from kvindex.keyer import BlockKeyer
+from tests.api_sequences import (
+    assert_follows_the_cache,
+    chat_once,
+    messages_sequence,
+    responses_sequence,
+)
 from tests.e2e.conftest import LORA_ADAPTER
 from tests.e2e.prompts import prompt_text
-
-PREDICTED = "x-kvgate-predicted-cached-tokens"
 
 
 @pytest.fixture(scope="module")
@@ -85,64 +87,24 @@ def test_the_gateway_keys_the_token_ids_vllm_renders(gateway, lora_pod, nonce, a
 
 
 def test_responses_follow_the_cache_and_predict_vllms_cached_tokens(gateway, nonce):
-    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="x", max_retries=0)
-    instructions = prompt_text(nonce, 300)
-    seen = []
-    for i in range(4):
-        raw = client.responses.with_raw_response.create(
-            model=MODEL_NAME, instructions=instructions, input=f"question {i}?",
-            max_output_tokens=2, stream=i % 2 == 1,
-        )  # fmt: skip
-        parsed = raw.parse()
-        done = (
-            [e for e in parsed if e.type == "response.completed"][0].response if i % 2 else parsed
-        )
-        seen.append((raw.headers["x-kvgate-pod"], int(raw.headers[PREDICTED]),
-                     done.usage.input_tokens_details.cached_tokens))  # fmt: skip
-    assert len({pod for pod, _, _ in seen}) == 1, seen
-    assert all(predicted == cached for _, predicted, cached in seen), seen
-    assert all(cached >= 250 for _, _, cached in seen[1:]), seen
+    seen = responses_sequence(gateway, MODEL_NAME, prompt_text(nonce, 300))
+    assert_follows_the_cache(seen, 250)
 
 
 def test_messages_follow_the_cache_and_predict_vllms_cached_tokens(gateway, nonce):
-    client = anthropic.Anthropic(base_url=str(gateway), api_key="x", max_retries=0)
-    system = prompt_text(nonce, 300)
-    seen = []
-    for i in range(4):
-        args = {"model": MODEL_NAME, "system": system, "max_tokens": 2,
-                "messages": [{"role": "user", "content": f"question {i}?"}]}  # fmt: skip
-        if i % 2:
-            with client.messages.with_streaming_response.create(**args, stream=True) as raw:
-                headers, lines = raw.headers, list(raw.iter_lines())
-            usage = json.loads([x for x in lines if '"message_delta"' in x][0][len("data: ") :])
-            cached = usage["usage"]["cache_read_input_tokens"]
-        else:
-            raw = client.messages.with_raw_response.create(**args)
-            headers, cached = raw.headers, raw.parse().usage.cache_read_input_tokens
-        seen.append((headers["x-kvgate-pod"], int(headers[PREDICTED]), cached))
-    assert len({pod for pod, _, _ in seen}) == 1, seen
-    assert all(predicted == cached for _, predicted, cached in seen), seen
-    assert all(cached >= 250 for _, _, cached in seen[1:]), seen
-
-
-def _chat(client: openai.OpenAI, model: str, messages: list[dict]) -> tuple[str, int, int]:
-    raw = client.chat.completions.with_raw_response.create(
-        model=model, messages=messages, max_tokens=2
-    )
-    cached = raw.parse().usage.prompt_tokens_details.cached_tokens
-    return raw.headers["x-kvgate-pod"], int(raw.headers[PREDICTED]), cached
+    seen = messages_sequence(gateway, MODEL_NAME, prompt_text(nonce, 300))
+    assert_follows_the_cache(seen, 250)
 
 
 def test_an_adapter_is_routed_to_its_pod_with_its_own_cache(gateway, nonce):
-    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="x", max_retries=0)
     messages = [{"role": "system", "content": prompt_text(nonce, 300)},
                 {"role": "user", "content": "which tables?"}]  # fmt: skip
-    adapter = [_chat(client, LORA_ADAPTER, messages) for _ in range(3)]
+    adapter = [chat_once(gateway, LORA_ADAPTER, messages) for _ in range(3)]
     assert [pod for pod, _, _ in adapter] == ["pod-lora"] * 3
     assert [(p, c) for _, p, c in adapter][0] == (0, 0)
     assert all(predicted == cached >= 250 for _, predicted, cached in adapter[1:]), adapter
     # The base model has nothing of this prompt, wherever it goes: not even on pod-lora.
-    base = [_chat(client, MODEL_NAME, messages) for _ in range(2)]
+    base = [chat_once(gateway, MODEL_NAME, messages) for _ in range(2)]
     assert base[0][1:] == (0, 0), base
     assert base[1][1] == base[1][2] >= 250, base
     # ... and the adapter's entry in the index is apart from the base model's.
@@ -156,12 +118,11 @@ def test_an_adapter_is_routed_to_its_pod_with_its_own_cache(gateway, nonce):
 def test_adapters_loaded_and_unloaded_at_runtime_are_followed(
     gateway, lora_pod: VllmServer, lora_adapters, nonce
 ):
-    client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="x", max_retries=0)
     messages = [{"role": "user", "content": prompt_text(nonce, 40)}]
     load = {"lora_name": "ops-lora", "lora_path": str(lora_adapters["ops-lora"])}
     r = httpx.post(f"{lora_pod.url}/v1/load_lora_adapter", json=load, timeout=60)
     assert r.status_code == 200, r.text
-    assert _chat(client, "ops-lora", messages)[0] == "pod-lora"  # no wait for a probe
+    assert chat_once(gateway, "ops-lora", messages)[0] == "pod-lora"  # no wait for a probe
     r = httpx.post(f"{lora_pod.url}/v1/unload_lora_adapter", json={"lora_name": "ops-lora"})
     assert r.status_code == 200, r.text
 
