@@ -155,13 +155,30 @@ def start_sim_pods(n: int, **overrides: Any) -> list[SimPod]:
     try:
         for pod in pods:
             pod.spawn()
-        for pod in pods:
-            pod.wait_healthy()
+        for i, pod in enumerate(pods):
+            pods[i] = _healthy_or_on_new_ports(pod, overrides, events)
     except BaseException:
         for pod in pods:
             pod.kill()
         raise
     return pods
+
+
+def _healthy_or_on_new_ports(
+    pod: SimPod, overrides: dict[str, Any], events: dict[str, Any], attempts: int = 3
+) -> SimPod:
+    """Wait for ``pod``; if one of its ports was taken meanwhile (another process on the
+    machine picked it between our choice and the bind), start it again on new ports."""
+    for attempt in range(attempts):
+        try:
+            pod.wait_healthy()
+            return pod
+        except RuntimeError as exc:
+            if "already in use" not in str(exc) or attempt == attempts - 1:
+                raise
+            pod = SimPod(pod.name, overrides, events)
+            pod.spawn()
+    raise AssertionError("unreachable")
 
 
 @contextmanager
