@@ -191,8 +191,18 @@ class RoutingCore:
         self, req: RouteRequest, candidates: Sequence[Candidate], match: PrefixMatch | None
     ) -> Routed:
         """Choose a pod, record speculation, count the load now (before any await)."""
+        return self.commit(req, self.decide(req, candidates, match), match)
+
+    def decide(
+        self, req: RouteRequest, candidates: Sequence[Candidate], match: PrefixMatch | None
+    ) -> Decision:
+        """The strategy's choice, not yet acted on (admission control weighs it first)."""
+        return self.strategy_for(req.model).choose(req, self.views(candidates), match,
+                                                   self._clock())  # fmt: skip
+
+    def commit(self, req: RouteRequest, decision: Decision, match: PrefixMatch | None) -> Routed:
+        """Act on ``decision``: record its speculation and count its load, now."""
         strategy = self.strategy_for(req.model)
-        decision = strategy.choose(req, self.views(candidates), match, self._clock())
         if match is not None and decision.speculate_blocks and self._speculate is not None:
             keys = req.block_keys[: decision.speculate_blocks]
             if keys:
