@@ -137,6 +137,8 @@ async def bounds(request: Request) -> Response:
     and open file descriptors (``kvgate bench soak`` samples this every minute)."""
     gw = _admin(request)
     structures = {**gw.kv.bounds(), **gw.router.core.bounds(), **gw.registry.bounds()}
+    if gw.admission is not None:
+        structures.update(gw.admission.bounds())
     return JSONResponse(
         {
             "process": process_usage(),

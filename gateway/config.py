@@ -152,6 +152,67 @@ class ModelSettings(BaseModel):
     block_size: int | None = None  # engine's --block-size; None: ``default_block_size``
     tokenizer: str | None = None  # local dir (tokenizer.json + chat template) or HF cache id
     tokenizer_mode: Literal["auto", "local", "engine"] = "auto"
+    # Admission control (``admission.enabled``): None takes the ``admission`` default.
+    max_in_flight_per_pod: int | None = None
+    ttft_slo_ms: float | None = None
+
+
+class AdmissionTenant(BaseModel):
+    """A tenant of admission control: who it is, its default priority, its fair share."""
+
+    name: str
+    api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)  # source api_key
+    priority: str | None = None  # its requests' priority, and the most a header may ask
+    weight: float = Field(default=1.0, gt=0)  # share of slots against other tenants
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, v: Any) -> Any:
+        return _split_list(v)
+
+
+class AdmissionSettings(BaseModel):
+    """Admission control and priorities (``gateway/admission.py``); off by default.
+
+    A request waits at the gateway while every pod of its model holds
+    ``max_in_flight_per_pod`` of this gateway's requests, in priority order and fairly
+    across tenants; it is shed with 429 and ``Retry-After`` when the queue is full,
+    when it waited ``max_wait_s``, or (``slo_action: shed``) when its predicted TTFT
+    exceeds its SLO. ``slo_action: queue`` holds it at the gateway until the prediction
+    fits instead."""
+
+    enabled: bool = False
+    max_in_flight_per_pod: int = Field(default=0, ge=0)  # 0: no limit (SLO and queue only)
+    max_queue: int = Field(default=1000, ge=0)  # waiting requests per model
+    max_wait_s: float = Field(default=30.0, gt=0)
+    ttft_slo_ms: float | None = Field(default=None, gt=0)  # default SLO; header overrides
+    slo_action: Literal["shed", "queue"] = "shed"
+    priorities: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["high", "normal", "low"]
+    )  # most urgent first
+    default_priority: str = "normal"
+    priority_header: str = "x-kvgate-priority"  # a name of ``priorities``
+    trust_priority_header: bool = True  # false: the header may only lower a priority
+    slo_header: str = "x-kvgate-ttft-slo-ms"
+    tenant_source: Literal["api_key", "header"] = "api_key"
+    tenant_header: str = "x-tenant-id"  # set by a trusted front proxy (source header)
+    tenants: list[AdmissionTenant] = Field(default_factory=list)
+    max_tenants: int = Field(default=1024, ge=1)  # fair-queueing state kept per priority
+
+    @field_validator("priorities", mode="before")
+    @classmethod
+    def _split_priorities(cls, v: Any) -> Any:
+        return _split_list(v)
+
+    @model_validator(mode="after")
+    def _known_priorities(self) -> AdmissionSettings:
+        if not self.priorities or len(set(self.priorities)) != len(self.priorities):
+            raise ValueError("admission.priorities must be distinct names, most urgent first")
+        named = [self.default_priority] + [t.priority for t in self.tenants if t.priority]
+        unknown = sorted({p for p in named if p not in self.priorities})
+        if unknown:
+            raise ValueError(f"admission: unknown priority {unknown}; known: {self.priorities}")
+        return self
 
 
 class IndexSettings(BaseModel):
@@ -219,6 +280,7 @@ class Settings(BaseSettings):
     lora: LoraSettings = Field(default_factory=LoraSettings)
     retry: RetrySettings = Field(default_factory=RetrySettings)
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     max_upstream_connections: int = 4096  # pooled HTTP connections to all pods together
     log_level: str = "info"
 

@@ -45,13 +45,20 @@ class GatewayError(Exception):
     """An error the gateway answers itself, before or instead of an upstream reply."""
 
     def __init__(
-        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.headers = headers or {}  # sent with the error, e.g. Retry-After with a 429
 
     def body(self, style: ErrorStyle = "openai") -> dict[str, Any]:
         if style == "anthropic":

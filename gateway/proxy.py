@@ -34,6 +34,7 @@ from gateway.accounting import (
     usage_from_sse,
 )
 from gateway.apis import error_style
+from gateway.admission import Admission
 from gateway.asgi import (
     ClientLeft,
     DisconnectWatch,
@@ -89,12 +90,14 @@ class Proxy:
         registry: PodRegistry,
         router: Router,
         metrics: GatewayMetrics,
+        admission: Admission | None = None,
     ) -> None:
         self._s = settings
         self._upstream = upstream
         self._registry = registry
         self._router = router
         self._metrics = metrics
+        self._admission = admission  # None: admission control is off, and costs nothing
         self._accounting = Accounting(metrics, router)
         self._tenancy = Tenancy(settings.tenant_isolation)
 
@@ -124,7 +127,8 @@ class Proxy:
                 watch.stop()
             if not any(a.recorded for a in attempts):
                 self._count_unrouted(model, err.status)
-            await send_error(send, err, {"x-request-id": request_id}, error_style(kind))
+            await send_error(send, err, {"x-request-id": request_id, **err.headers},
+                             error_style(kind))  # fmt: skip
         except ClientLeft:
             self._count_unrouted(model, CLIENT_CLOSED)
         except asyncio.CancelledError:
@@ -180,14 +184,26 @@ class Proxy:
         req, answer = await self._router.prepare(
             parsed, model, request_id, headers, self._registry.healthy_for(model)
         )
+        admitted = None  # the first attempt's routing, when admission control made it
+        if self._admission is not None:
+            ticket = self._admission.ticket(headers, time.monotonic())
+            admitted = await self._admission.admit(
+                model, ticket, req, answer, lambda: self._registry.healthy_for(model)
+            )
         tried: set[str] = set()
         backoff = self._s.retry.backoff_s
         last_error: GatewayError | None = None
         for _ in range(max(1, self._s.retry.max_attempts)):
             candidates = [p for p in self._registry.healthy_for(model) if p.name not in tried]
+            if admitted is not None and all(p.name != admitted.pod for p in candidates):
+                self._router.finish(admitted, None)  # its pod left rotation while it waited
+                admitted = None
             if not candidates:
                 break
-            routed = self._router.route(req, candidates, answer)
+            if admitted is not None:
+                routed, admitted = admitted, None
+            else:
+                routed = self._router.route(req, candidates, answer)
             pod = next(p for p in candidates if p.name == routed.pod)
             tried.add(pod.name)
             attempt = Attempt(pod, routed, arrived, model)

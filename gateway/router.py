@@ -10,7 +10,7 @@ with their scraped engine gauges, and the Prometheus metrics of each decision.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from gateway.apis import CACHE_ROUTED
 from gateway.kv import KvIndex
@@ -20,7 +20,7 @@ from gateway.pods import Pod
 from kvindex.keyer import root_key
 from routing.core import Candidate, IndexAnswer, Routed, RoutingCore
 from routing.prefix_hash import chat_prefix_hashes, text_prefix_hashes
-from routing.types import Outcome, RouteRequest, Strategy
+from routing.types import Decision, Outcome, RouteRequest, Strategy
 
 CHARS_PER_TOKEN = 4  # estimate until a tokenizer is configured for the model
 
@@ -39,6 +39,9 @@ class Router:
         self._metrics = metrics
         self._session_header = session_header.lower()
         self._session_field = session_body_field
+        # Told (model, released) when a request's load drops: its prefill ended (False)
+        # or it finished (True). Admission control wakes its waiters on it.
+        self.on_load_change: Callable[[str, bool], None] | None = None
 
     def strategy_for(self, model: str) -> Strategy:
         return self.core.strategy_for(model)
@@ -94,14 +97,32 @@ class Router:
         started = time.perf_counter()
         candidates = [Candidate(p.name, p.engine) for p in pods]
         routed = self.core.route(req, candidates, answer.match if answer is not None else None)
+        self._counted(routed, time.perf_counter() - started)
+        return routed
+
+    def decide(self, req: RouteRequest, pods: list[Pod], answer: IndexAnswer | None) -> Decision:
+        """The strategy's choice among ``pods``, not yet acted on (admission weighs it)."""
+        candidates = [Candidate(p.name, p.engine) for p in pods]
+        return self.core.decide(req, candidates, answer.match if answer is not None else None)
+
+    def commit(
+        self, req: RouteRequest, decision: Decision, answer: IndexAnswer | None, took_s: float
+    ) -> Routed:
+        """Act on a ``decide`` that took ``took_s``: the pod's load is counted now."""
+        routed = self.core.commit(req, decision, answer.match if answer is not None else None)
+        self._counted(routed, took_s)
+        return routed
+
+    def _counted(self, routed: Routed, took_s: float) -> None:
         name = routed.strategy.name
-        self._metrics.decision_latency.labels(name).observe(time.perf_counter() - started)
+        self._metrics.decision_latency.labels(name).observe(took_s)
         self._metrics.decisions.labels(name, routed.decision.reason).inc()
         self._metrics.in_flight.labels(routed.pod).inc()
-        return routed
 
     def first_token(self, routed: Routed) -> None:
         self.core.first_token(routed)
+        if self.on_load_change is not None:
+            self.on_load_change(routed.request.model, False)
 
     def finish(self, routed: Routed, outcome: Outcome | None) -> None:
         """Release the load (once) and observe ``outcome`` (None: a retried attempt)."""
@@ -109,3 +130,5 @@ class Router:
             return
         self.core.finish(routed, outcome)
         self._metrics.in_flight.labels(routed.pod).dec()
+        if self.on_load_change is not None:
+            self.on_load_change(routed.request.model, True)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client import CollectorRegistry
 
+from gateway.admission import Admission, AdmissionMetrics
 from gateway.config import Settings
 from gateway.discovery import DiscoveryMetrics, PodDiscovery, RegistrySink
 from gateway.kv import KvIndex
@@ -39,6 +40,7 @@ class Gateway:
     prometheus: CollectorRegistry
     client: httpx.AsyncClient
     kv: KvIndex
+    admission: Admission | None = None  # admission.enabled
 
 
 def build_routing(settings: Settings) -> RoutingCore:
@@ -76,8 +78,14 @@ async def running_gateway(
         registry.on_remove(core.load.forget)
         registry.on_remove(metrics.forget_pod)
         router = Router(core, metrics, kv, settings.session_header, settings.session_body_field)
-        proxy = Proxy(settings, upstream, registry, router, metrics)
-        gw = Gateway(settings, registry, router, proxy, metrics, prometheus, client, kv)
+        admission = None
+        if settings.admission.enabled:
+            admission = Admission(settings.admission, settings.models, router,
+                                  AdmissionMetrics(prometheus))  # fmt: skip
+            registry.on_admit(admission.pod_admitted)
+        proxy = Proxy(settings, upstream, registry, router, metrics, admission)
+        gw = Gateway(settings, registry, router, proxy, metrics, prometheus, client, kv,
+                     admission)  # fmt: skip
         await kv.warm_up(m for m in settings.models if router.uses_index(m))
         await registry.start()
         discovery = None
