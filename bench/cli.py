@@ -33,7 +33,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_quick(sub)
     _add_index(sub)
     _add_des(sub)
+    _add_admission(sub)
     _add_soak(sub)
+
+
+def _add_admission(sub: argparse._SubParsersAction) -> None:
+    from bench.admission import Plan
+
+    d = Plan()
+    p = sub.add_parser(
+        "admission",
+        help="admission control on a simulated fleet under overload: goodput with and "
+        "without it, high-priority TTFT under a low-priority flood",
+        description="Discrete-event simulation (the gateway's routing and admission code) "
+        "of Poisson overload: goodput within a TTFT SLO per load and setup, and per-tenant "
+        "TTFT when a low-priority tenant floods; prints the tables, writes report.md and a "
+        "plot.",
+    )
+    p.add_argument("--pods", type=int, default=d.pods)
+    p.add_argument("--seconds", type=float, default=d.seconds, help="arrivals per run")
+    p.add_argument("--slo-ms", type=float, default=d.slo_s * 1000, help="TTFT SLO")
+    p.add_argument("--loads", default=",".join(f"{x:g}" for x in d.loads),
+                   help="comma-separated multiples of the fleet's capacity")  # fmt: skip
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--out", type=Path, default=Path("reports/admission"))
+    p.add_argument("--doc", type=Path, help="also write the section of docs/BENCHMARKS.md")
+    p.set_defaults(bench_func=_admission)
+
+
+def _admission(args: argparse.Namespace) -> int:
+    from bench.admission import Plan, run_admission_bench
+
+    loads = tuple(float(x) for x in args.loads.split(",") if x.strip())
+    plan = Plan(pods=args.pods, seconds=args.seconds, slo_s=args.slo_ms / 1000, loads=loads,
+                seed=args.seed)  # fmt: skip
+    run_admission_bench(plan, args.out, args.doc)
+    return 0
 
 
 def _add_soak(sub: argparse._SubParsersAction) -> None:

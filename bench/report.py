@@ -282,17 +282,41 @@ def write_report(cells: list[Cell], plan: FleetPlan, out_dir: Path, command: str
 DOC_HEADER = """# Benchmarks
 
 Generated, never typed: every number and plot below comes from the command in the
-first table, run on the machine it names. Rerun it to refresh this page (it
-overwrites the PNGs under the report directory and this file).
+first table, run on the machine it names (sections after the fleet report name their
+own command). Rerun it to refresh this page (it overwrites the PNGs under the report
+directory and this file, keeping the other sections).
 
 """
+# Other benchmarks' sections of the doc, each between its markers; rewriting the fleet
+# report keeps them, and each benchmark rewrites only its own.
+_SECTION = re.compile(r"<!-- kvgate-section:([\w-]+) -->.*?<!-- /kvgate-section:\1 -->\n?", re.S)
 
 
 def write_benchmarks_doc(report_md: Path, doc: Path) -> Path:
     """Copy the report into ``doc`` with image links made relative to ``doc``'s folder."""
-    rel = os.path.relpath(report_md.parent.resolve(), doc.parent.resolve())
-    body = report_md.read_text().split("\n", 1)[1]  # drop the report's own title
-    body = re.sub(r"\]\(([^)/]+\.png)\)", lambda m: f"]({rel}/{m.group(1)})", body)
+    body = images_relative(report_md.read_text().split("\n", 1)[1], report_md, doc)
+    kept = "".join(m.group(0) for m in _SECTION.finditer(doc.read_text())) if doc.exists() else ""
     doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(DOC_HEADER + body.lstrip("\n"))
+    doc.write_text(DOC_HEADER + body.lstrip("\n") + ("\n" + kept if kept else ""))
+    return doc
+
+
+def images_relative(markdown: str, report_md: Path, doc: Path) -> str:
+    """``markdown`` from beside ``report_md`` with its image links made relative to ``doc``."""
+    rel = os.path.relpath(report_md.parent.resolve(), doc.parent.resolve())
+    return re.sub(r"\]\(([^)/]+\.png)\)", lambda m: f"]({rel}/{m.group(1)})", markdown)
+
+
+def write_doc_section(doc: Path, name: str, markdown: str) -> Path:
+    """Put ``markdown`` into ``doc`` as its section ``name``: replaced where it is, else
+    appended; the rest of ``doc`` stays as it was."""
+    block = f"<!-- kvgate-section:{name} -->\n{markdown.strip()}\n<!-- /kvgate-section:{name} -->\n"
+    text = doc.read_text() if doc.exists() else DOC_HEADER
+    found = [m for m in _SECTION.finditer(text) if m.group(1) == name]
+    if found:
+        text = text[: found[0].start()] + block + text[found[0].end() :]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(text)
     return doc

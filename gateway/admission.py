@@ -214,10 +214,11 @@ class Admission:
         policy = self._policies.get(model)
         if policy is None:
             s, m = self._s, self._models.get(model) or ModelSettings()
-            limit = m.max_in_flight_per_pod
+            limit, queue = m.max_in_flight_per_pod, m.max_prefilling_per_pod
             slo_ms = m.ttft_slo_ms if m.ttft_slo_ms is not None else s.ttft_slo_ms
             policy = self._policies[model] = AdmissionPolicy(
                 max_in_flight_per_pod=limit if limit is not None else s.max_in_flight_per_pod,
+                max_prefilling_per_pod=queue if queue is not None else s.max_prefilling_per_pod,
                 max_queue=s.max_queue,
                 max_wait_s=s.max_wait_s,
                 ttft_slo_s=slo_ms / 1000 if slo_ms is not None else None,
@@ -242,8 +243,8 @@ class Admission:
         if not pods:
             return Offer(False)
         load = self._router.core.load
-        limit = self._policy(waiter.request.model).max_in_flight_per_pod
-        free = [p for p in pods if not limit or load.get(p.name).in_flight < limit]
+        policy = self._policy(waiter.request.model)
+        free = [p for p in pods if policy.has_room(load.get(p.name))]
         started = time.perf_counter()
         decision = self._router.decide(waiter.request, free or pods, waiter.answer)
         took = time.perf_counter() - started
@@ -256,8 +257,9 @@ class Admission:
         decision, took = verdict.decision  # type: ignore[misc]
         assert isinstance(decision, Decision)
         routed = self._router.commit(waiter.request, decision, waiter.answer, took)
+        routed.waited_s = max(0.0, self._clock() - ticket.arrived)
         priority = self._s.priorities[ticket.priority]
-        self._metrics.wait.labels(model, priority).observe(max(0.0, self._clock() - ticket.arrived))
+        self._metrics.wait.labels(model, priority).observe(routed.waited_s)
         return routed
 
     def _shed(self, model: str, ticket: Ticket, verdict: Verdict) -> GatewayError:
@@ -275,13 +277,8 @@ class Admission:
                             headers={"retry-after": str(verdict.retry_after_s)})  # fmt: skip
 
     def _load_changed(self, model: str, released: bool) -> None:
-        queue = self._queues.get(model)
-        if queue is None:
-            return
-        if released:
-            queue.released(self._clock())
-        if queue.waiting:
-            self._pump(model)
+        """A request's prefill ended or it finished: a pod may have room now."""
+        self._pump(model)
 
     def _pump(self, model: str) -> None:
         """Dispatch waiters, head first, while the head may go."""
@@ -295,7 +292,7 @@ class Admission:
             if waiter.future.done():  # its task was cancelled and has not run yet
                 queue.cancel(head)
                 continue
-            ready = queue.next_ready(self._probe)
+            ready = queue.next_ready(self._clock(), self._probe)
             if ready is None:
                 break
             ticket, verdict = ready

@@ -154,6 +154,7 @@ class ModelSettings(BaseModel):
     tokenizer_mode: Literal["auto", "local", "engine"] = "auto"
     # Admission control (``admission.enabled``): None takes the ``admission`` default.
     max_in_flight_per_pod: int | None = None
+    max_prefilling_per_pod: int | None = None
     ttft_slo_ms: float | None = None
 
 
@@ -175,14 +176,15 @@ class AdmissionSettings(BaseModel):
     """Admission control and priorities (``gateway/admission.py``); off by default.
 
     A request waits at the gateway while every pod of its model holds
-    ``max_in_flight_per_pod`` of this gateway's requests, in priority order and fairly
-    across tenants; it is shed with 429 and ``Retry-After`` when the queue is full,
-    when it waited ``max_wait_s``, or (``slo_action: shed``) when its predicted TTFT
-    exceeds its SLO. ``slo_action: queue`` holds it at the gateway until the prediction
-    fits instead."""
+    ``max_in_flight_per_pod`` of this gateway's requests (or ``max_prefilling_per_pod``
+    of them before their first token), in priority order and fairly across tenants.
+    It is shed with 429 and ``Retry-After`` when the queue is full, when it waited
+    ``max_wait_s``, or (``slo_action: shed``) when its predicted TTFT exceeds its SLO;
+    ``slo_action: queue`` holds it at the gateway until the prediction fits instead."""
 
     enabled: bool = False
     max_in_flight_per_pod: int = Field(default=0, ge=0)  # 0: no limit (SLO and queue only)
+    max_prefilling_per_pod: int = Field(default=0, ge=0)  # before their first token; 0: none
     max_queue: int = Field(default=1000, ge=0)  # waiting requests per model
     max_wait_s: float = Field(default=30.0, gt=0)
     ttft_slo_ms: float | None = Field(default=None, gt=0)  # default SLO; header overrides

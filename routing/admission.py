@@ -39,6 +39,7 @@ from typing import Literal
 
 from kvindex.lru import BoundedLRU
 from kvindex.types import Bound
+from routing.load import PodLoad
 
 SloAction = Literal["shed", "queue"]
 VerdictKind = Literal["dispatch", "wait", "shed"]
@@ -54,22 +55,29 @@ class AdmissionPolicy:
     """One model's admission settings."""
 
     max_in_flight_per_pod: int = 0  # a pod holding this many of our requests is full; 0: no limit
+    max_prefilling_per_pod: int = 0  # ... or this many before their first token; 0: no limit
     max_queue: int = 1000  # waiting requests of the model; beyond: shed (queue_full)
     max_wait_s: float = 30.0  # a request waiting this long is shed (queue_timeout)
     ttft_slo_s: float | None = None  # default SLO when the request names none
     slo_action: SloAction = "shed"
     priorities: int = 3  # levels 0 (most urgent) .. priorities - 1
     max_tenants: int = 1024  # tenants with a fair-queueing tag kept, per priority
-    drain_window: int = 32  # recent slot releases the drain rate is measured over
+    drain_window: int = 32  # recent dispatches the drain rate is measured over
     max_retry_after_s: int = 60
 
     def __post_init__(self) -> None:
-        if self.max_in_flight_per_pod < 0 or self.max_queue < 0 or self.priorities < 1:
+        limits = (self.max_in_flight_per_pod, self.max_prefilling_per_pod, self.max_queue)
+        if min(limits) < 0 or self.priorities < 1:
             raise ValueError("admission: limits must be >= 0 and priorities >= 1")
         if not self.max_wait_s > 0 or (self.ttft_slo_s is not None and not self.ttft_slo_s > 0):
             raise ValueError("admission: max_wait_s and ttft_slo_s must be > 0")
         if self.slo_action not in ("shed", "queue"):
             raise ValueError("admission: slo_action must be 'shed' or 'queue'")
+
+    def has_room(self, load: PodLoad) -> bool:
+        """Whether a pod with this router's ``load`` may take one more request."""
+        limit, queue = self.max_in_flight_per_pod, self.max_prefilling_per_pod
+        return (not limit or load.in_flight < limit) and (not queue or load.prefilling < queue)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +147,7 @@ class AdmissionQueue:
             BoundedLRU(policy.max_tenants) for _ in range(levels)
         ]
         self._seq = 0
-        self._releases: deque[float] = deque(maxlen=max(2, policy.drain_window))
+        self._dispatched: deque[float] = deque(maxlen=max(2, policy.drain_window))
 
     # -- what the caller asks -------------------------------------------------------
 
@@ -147,14 +155,18 @@ class AdmissionQueue:
         """Dispatch ``t`` now, let it wait, or shed it."""
         t.priority = min(max(t.priority, 0), len(self._heaps) - 1)
         slo = self.slo_of(t)
-        ahead = sum(self._waiting[: t.priority + 1])
+        ahead = self._ahead_of(t)
         offer = probe(t)
         if ahead == 0 and offer.free:
             predicted = offer.predicted_ttft_s
             if self._fits(offer, slo):
                 t.state = "dispatched"
+                self._dispatched.append(now)
                 return Verdict("dispatch", predicted_ttft_s=predicted, decision=offer.decision)
         else:
+            # Conservative: the pod's queue as it is now, after the wait for a slot (its
+            # queue will have moved by then, but more urgent and fairer requests may
+            # also overtake this one meanwhile).
             predicted = self.expected_wait_s(ahead) + (offer.predicted_ttft_s or 0.0)
             if slo is None or predicted <= slo:
                 return self._wait(t, predicted)
@@ -163,7 +175,7 @@ class AdmissionQueue:
             return self._shed(t, SLO, predicted - slo, predicted)
         return self._wait(t, predicted)
 
-    def next_ready(self, probe: Probe) -> tuple[Ticket, Verdict] | None:
+    def next_ready(self, now: float, probe: Probe) -> tuple[Ticket, Verdict] | None:
         """The waiter that goes next and its dispatch, if it may go now; None while it
         may not. Call again after committing each one: the next probe must see its load."""
         head = self._head()
@@ -178,6 +190,7 @@ class AdmissionQueue:
         self._pop(head)
         level = head.priority
         self._vtime[level] = max(self._vtime[level], head._tag)  # fair-queueing clock
+        self._dispatched.append(now)
         verdict = Verdict("dispatch", predicted_ttft_s=offer.predicted_ttft_s,
                           decision=offer.decision)  # fmt: skip
         return head, verdict
@@ -201,10 +214,6 @@ class AdmissionQueue:
         t.state = "cancelled"
         return True
 
-    def released(self, now: float) -> None:
-        """A request of this model left its pod: one slot freed (drain-rate sample)."""
-        self._releases.append(now)
-
     # -- what the caller reads ------------------------------------------------------------
 
     @property
@@ -219,8 +228,9 @@ class AdmissionQueue:
         return t.slo_s if t.slo_s is not None else self.policy.ttft_slo_s
 
     def drain_rate(self) -> float | None:
-        """Slots freed per second lately; None until there is a measurement."""
-        r = self._releases
+        """Requests dispatched per second lately (while pods are full, the rate at which
+        they take new ones); None until there is a measurement."""
+        r = self._dispatched
         if len(r) < 2 or r[-1] <= r[0]:
             return None
         return (len(r) - 1) / (r[-1] - r[0])
@@ -239,6 +249,16 @@ class AdmissionQueue:
                 "tenant_tags": Bound(tags, cap, "tenants", 160)}  # fmt: skip
 
     # -- inside ------------------------------------------------------------------------
+
+    def _ahead_of(self, t: Ticket) -> int:
+        """Waiters that would go before ``t``: every one of a more urgent priority, and
+        those of its own whose fair-queueing tag is no later than ``t``'s would be."""
+        level = t.priority
+        ahead = sum(self._waiting[:level])
+        if self._waiting[level]:
+            tag = max(self._vtime[level], self._finish[level].get(t.tenant) or 0.0)
+            ahead += sum(1 for x in self._heaps[level] if x.state == "waiting" and x._tag <= tag)
+        return ahead
 
     def _wait(self, t: Ticket, predicted: float | None) -> Verdict:
         if self.waiting >= self.policy.max_queue:

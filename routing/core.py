@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvindex.types import Bound, PrefixMatch
@@ -71,6 +71,9 @@ class Routed:
     decision: Decision
     strategy: Strategy
     inflight: InFlight
+    # Time the request waited for admission before this dispatch: part of the TTFT its
+    # client sees, none of the pod's, so the strategy learns from the TTFT without it.
+    waited_s: float = 0.0
 
     @property
     def pod(self) -> str:
@@ -225,5 +228,8 @@ class RoutingCore:
         if routed.inflight.finished:
             return
         routed.inflight.finish()
-        if outcome is not None:
-            routed.strategy.observe(routed.request, routed.decision, outcome)
+        if outcome is None:
+            return
+        if routed.waited_s and outcome.ttft_s is not None:
+            outcome = replace(outcome, ttft_s=max(0.0, outcome.ttft_s - routed.waited_s))
+        routed.strategy.observe(routed.request, routed.decision, outcome)

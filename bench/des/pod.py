@@ -54,6 +54,7 @@ class DesPod:
         schedule: Schedule,
         publish: Callable[[str, list[IndexOp]], None],
         finished: Callable[[Job, float], None],
+        first_token: Callable[[Job, float], None] | None = None,
     ) -> None:
         self.name = name
         self.spec = spec
@@ -65,6 +66,7 @@ class DesPod:
         self._schedule = schedule
         self._publish = publish
         self._finished = finished
+        self._first_token = first_token
         self.running = 0  # requests holding a slot (prefilling or decoding)
         self.waiting: deque[Job] = deque()
         self._lane_busy = 0
@@ -145,6 +147,8 @@ class DesPod:
             self._schedule(now + nxt.plan.compute_s, self._prefilled, nxt)
         job.result.ttft_s = now - job.request.arrival_s
         RoutingCore.first_token(job.routed)
+        if self._first_token is not None:
+            self._first_token(job, now)
         self._write_l2(job)
         remaining = job.request.output_tokens - 1
         if remaining <= 0:

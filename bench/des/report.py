@@ -39,6 +39,8 @@ class DesSummary:
 def summarize_des(
     label: str, tiers: str, results: Sequence[DesResult], wall_s: float
 ) -> DesSummary:
+    """The served requests' numbers (requests shed by admission control never ran)."""
+    results = [r for r in results if not r.shed]
     ttft = [r.ttft_s * 1000 for r in results]
     prompt = sum(r.prompt_tokens for r in results) or 1
     l2 = sum(r.l2_tokens for r in results)

@@ -11,19 +11,22 @@ strategy, records speculative L0 entries and observes the outcome. The index is 
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from bench.des.admission import DesAdmission
 from bench.des.pod import DesPod, Job
 from bench.des.types import DesPodSpec, DesRequest, DesResult
 from bench.podmodel import MemoryL2
 from bench.profiles import Profile, get_profile
 from kvindex.memory_store import MemoryStore
 from kvindex.store import IndexOp
-from routing.core import Candidate, EngineLoad, IndexAnswer, RoutingCore
+from routing.admission import AdmissionPolicy
+from routing.core import Candidate, EngineLoad, IndexAnswer, Routed, RoutingCore
 from routing.strategy_registry import canonical_name
-from routing.types import Outcome
+from routing.types import Outcome, RouteRequest
 
 Progress = Callable[[int], None]  # called with the number of requests finished so far
 
@@ -43,6 +46,7 @@ class FleetSim:
         scrape_interval_s: float = 2.0,
         speculative_ttl_s: float = 3.0,
         index_capacity: int = 2_000_000,
+        admission: AdmissionPolicy | None = None,
     ) -> None:
         if n_pods <= 0:
             raise ValueError("n_pods must be positive")
@@ -63,9 +67,10 @@ class FleetSim:
         self.strategy = self.core.strategy_for(model)
         self.l2 = MemoryL2(spec.l2_capacity_blocks) if spec.l2_capacity_blocks > 0 else None
         self.pods = [
-            DesPod(f"pod-{i}", spec, self.l2, self._at, self._publish, self._finished)
+            DesPod(f"pod-{i}", spec, self.l2, self._at, self._publish, self._finished,
+                   self._first_token)
             for i in range(n_pods)
-        ]
+        ]  # fmt: skip
         self._by_name = {p.name: p for p in self.pods}
         self._scraped: dict[str, EngineLoad] = {p.name: EngineLoad() for p in self.pods}
         self._scraped_at = -1e18
@@ -74,6 +79,7 @@ class FleetSim:
         self.results: list[DesResult] = []
         self.finished = 0
         self._on_finish: Callable[[Job, float], None] | None = None
+        self.admission = DesAdmission(self, admission) if admission is not None else None
 
     # -- event loop -------------------------------------------------------------
 
@@ -115,7 +121,17 @@ class FleetSim:
         return [Candidate(p.name, self._scraped[p.name]) for p in self.pods]
 
     def dispatch(self, index: int, req: DesRequest, now: float) -> None:
-        """Route one arriving request and hand it to the chosen pod."""
+        """Route one arriving request and hand it to the chosen pod (or to admission
+        control, which dispatches it through ``submit`` when it may go)."""
+        route, answer = self.prepare(index, req)
+        if self.admission is not None:
+            self.admission.arrive(index, req, route, answer, now)
+            return
+        routed = self.core.route(route, self._candidates(now), answer.match if answer else None)
+        self.submit(index, req, routed, now)
+
+    def prepare(self, index: int, req: DesRequest) -> tuple[RouteRequest, IndexAnswer | None]:
+        """What the gateway's ``Router.prepare`` builds: the request and the index answer."""
         core, bs = self.core, self.spec.block_size
         keys = req.block_keys[: req.prompt_tokens // bs]
         answer = None
@@ -129,7 +145,10 @@ class FleetSim:
             prefix_hashes=lambda: keys,
             session_key=lambda: req.session,
         )
-        routed = core.route(route, self._candidates(now), answer.match if answer else None)
+        return route, answer
+
+    def submit(self, index: int, req: DesRequest, routed: Routed, now: float) -> None:
+        """Hand a routed request (its load counted) to its pod."""
         decision = routed.decision
         result = DesResult(
             index=index,
@@ -139,16 +158,39 @@ class FleetSim:
             output_tokens=req.output_tokens,
             predicted_cached_tokens=decision.predicted_cached_tokens,
             reason=decision.reason,
+            priority=req.priority,
+            tenant=req.tenant,
+            gateway_wait_s=routed.waited_s,
         )
         self.results.append(result)
         self._by_name[decision.pod].submit(Job(req, result, routed), now)
+
+    def shed(self, index: int, req: DesRequest, reason: str, now: float) -> None:
+        """Admission control answered 429: the request never reaches a pod."""
+        self.results.append(
+            DesResult(index=index, pod="", arrival_s=req.arrival_s, prompt_tokens=req.prompt_tokens,
+                      output_tokens=req.output_tokens, priority=req.priority, tenant=req.tenant,
+                      shed=reason, gateway_wait_s=now - req.arrival_s)
+        )  # fmt: skip
+        self._request_done(now)
+
+    # Admission hears of load changes in an event of their own at the same instant, so a
+    # waiter it dispatches never enters a pod in the middle of that pod's own step.
+    def _first_token(self, job: Job, now: float) -> None:
+        if self.admission is not None:
+            self._at(now, self.admission.load_changed, False)
 
     def _finished(self, job: Job, now: float) -> None:
         r = job.result
         self.core.finish(job.routed, Outcome(True, r.ttft_s, r.prompt_tokens, r.cached_tokens))
         self.finished += 1
+        if self.admission is not None:
+            self._at(now, self.admission.load_changed, True)
         if self._on_finish is not None:
             self._on_finish(job, now)
+
+    def _request_done(self, now: float) -> None:
+        self.finished += 1
 
     # -- workloads ----------------------------------------------------------------------
 
@@ -175,7 +217,10 @@ class FleetSim:
     ) -> None:
         """Like ``bench.loadgen.run_closed_loop``: ``concurrency`` users take sessions
         in order; each sends a session's requests one after another (``arrival_s``
-        ignored: a request arrives when the user's previous one finished)."""
+        ignored: a request arrives when the user's previous one finished). Not with
+        admission control: a shed request would leave its user waiting forever."""
+        if self.admission is not None:
+            raise ValueError("admission control needs an open-loop workload")
         queue = list(range(len(sessions)))[::-1]
         position: dict[int, tuple[int, int]] = {}  # request index -> (session, turn)
 
@@ -183,8 +228,7 @@ class FleetSim:
             req = sessions[session][turn]
             index = len(self.results)
             position[index] = (session, turn)
-            timed = DesRequest(now, req.prompt_tokens, req.output_tokens, req.block_keys,
-                               req.session)  # fmt: skip
+            timed = dataclasses.replace(req, arrival_s=now)
             self.dispatch(index, timed, now)
 
         def next_session(now: float) -> None:

@@ -20,6 +20,10 @@ class DesRequest:
     output_tokens: int
     block_keys: Sequence[int]  # chained keys of the prompt's full blocks, block 0 first
     session: str | None = None
+    # Admission control (``FleetSim(admission=...)``): 0 is the most urgent priority.
+    priority: int = 0
+    tenant: str = ""
+    slo_s: float | None = None  # TTFT SLO; None: the policy's default
 
 
 @dataclass(slots=True)
@@ -40,6 +44,10 @@ class DesResult:
     l2_cross_pod_tokens: int = 0  # L2 tokens another pod wrote
     predicted_cached_tokens: int = 0
     reason: str = ""
+    priority: int = 0
+    tenant: str = ""
+    shed: str = ""  # admission control's reason when it answered 429 (the request never ran)
+    gateway_wait_s: float = 0.0  # waiting at the gateway for admission (part of queue_s)
 
     @property
     def cached_tokens(self) -> int:

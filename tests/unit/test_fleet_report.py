@@ -1,11 +1,20 @@
-"""Fleet report without running a fleet: the peer comparison, peer tiers, quick's peers."""
+"""Fleet report without running a fleet: the peer comparison, peer tiers, quick's peers,
+and docs/BENCHMARKS.md's sections."""
 
 import argparse
 
 from bench.fleet import Cell, FleetPlan, Load, run_fleet
 from bench.fleet_cli import _peers
 from bench.quick import PRESETS
-from bench.report import headline_rows, headlines, peer_rows, render, versus
+from bench.report import (
+    headline_rows,
+    headlines,
+    peer_rows,
+    render,
+    versus,
+    write_benchmarks_doc,
+    write_doc_section,
+)
 from bench.summary import RunSummary
 from bench.workloads import Workload
 
@@ -71,3 +80,28 @@ def test_quick_runs_both_peers_on_l0_unless_told_otherwise():
     assert _peers(args([], False)) is None  # the preset's
     assert _peers(args([], True)) == []
     assert _peers(args(["vllm-router"], False)) == ["vllm-router"]
+
+
+def test_a_doc_section_is_appended_once_then_replaced_in_place(tmp_path):
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text("# Benchmarks\n\nfleet numbers\n")
+    write_doc_section(doc, "admission", "## Admission\n\nfirst run\n")
+    write_doc_section(doc, "other", "## Other\n")
+    write_doc_section(doc, "admission", "## Admission\n\nsecond run\n")
+    text = doc.read_text()
+    assert text.startswith("# Benchmarks\n\nfleet numbers\n")
+    assert "first run" not in text and text.count("second run") == 1
+    assert text.index("second run") < text.index("## Other")
+
+
+def test_rewriting_the_fleet_report_keeps_the_other_sections(tmp_path):
+    report = tmp_path / "bench" / "report.md"
+    report.parent.mkdir()
+    report.write_text("# kvgate fleet benchmark\n\nnew fleet numbers ![p](cdf.png)\n")
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text("# Benchmarks\n\nold fleet numbers\n")
+    write_doc_section(doc, "admission", "## Admission\n\nkept\n")
+    write_benchmarks_doc(report, doc)
+    text = doc.read_text()
+    assert "old fleet numbers" not in text and "new fleet numbers ![p](bench/cdf.png)" in text
+    assert text.count("<!-- kvgate-section:admission -->\n## Admission\n\nkept\n") == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from routing.admission import AdmissionPolicy, AdmissionQueue, Offer, Ticket
+from routing.load import PodLoad
 
 FREE = Offer(True)
 FULL = Offer(False)
@@ -21,7 +22,7 @@ def ticket(name: str, priority: int = 1, tenant: str = "", **kw) -> Ticket:
 def drain(q: AdmissionQueue, offer: Offer = FREE) -> list[str]:
     """Dispatch every waiter the offer lets go, in the order the queue releases them."""
     order = []
-    while (ready := q.next_ready(always(offer))) is not None:
+    while (ready := q.next_ready(0.0, always(offer))) is not None:
         order.append(ready[0].item)
     return order
 
@@ -38,7 +39,7 @@ def test_a_request_waits_while_every_pod_is_full_and_goes_when_one_frees():
     q = AdmissionQueue(AdmissionPolicy())
     assert q.arrive(ticket("r"), 0.0, always(FULL)).kind == "wait"
     assert q.lengths() == [0, 1, 0]
-    assert q.next_ready(always(FULL)) is None
+    assert q.next_ready(0.0, always(FULL)) is None
     assert drain(q) == ["r"]
     assert q.waiting == 0
 
@@ -90,10 +91,15 @@ def test_a_tenant_returning_after_others_were_served_does_not_get_a_backlog_of_c
     assert drain(q) == ["b0", "a3", "b1", "a4", "b2", "a5"]
 
 
+def dispatched_at(q: AdmissionQueue, *times: float) -> None:
+    """Requests dispatched at once at ``times``: the rate the queue expects to drain at."""
+    for at in times:
+        assert q.arrive(ticket(f"at {at}", 0), at, always(FREE)).kind == "dispatch"
+
+
 def test_a_full_queue_sheds_with_retry_after_from_the_drain_rate():
     q = AdmissionQueue(AdmissionPolicy(max_queue=2))
-    for at in (0.0, 1.0, 2.0):  # one slot freed per second
-        q.released(at)
+    dispatched_at(q, 0.0, 1.0, 2.0)  # one per second
     q.arrive(ticket("w1"), 2.0, always(FULL))
     q.arrive(ticket("w2"), 2.0, always(FULL))
     verdict = q.arrive(ticket("w3"), 2.0, always(FULL))
@@ -117,8 +123,7 @@ def test_the_request_slo_wins_over_the_default():
 def test_without_a_prediction_the_slo_is_judged_by_queue_position_and_drain_rate():
     q = AdmissionQueue(AdmissionPolicy(ttft_slo_s=1.0))
     assert q.arrive(ticket("unknown rate"), 0.0, always(FULL)).kind == "wait"  # no evidence yet
-    for at in (0.0, 0.5, 1.0):  # two slots per second
-        q.released(at)
+    dispatched_at(q, 0.0, 0.5, 1.0)  # two per second
     assert q.arrive(ticket("second in line"), 1.0, always(FULL)).kind == "wait"  # 2 / 2 = 1.0 s
     verdict = q.arrive(ticket("third in line"), 1.0, always(FULL))  # 3 / 2 = 1.5 s
     assert (verdict.kind, verdict.reason) == ("shed", "slo")
@@ -129,7 +134,7 @@ def test_without_a_prediction_the_slo_is_judged_by_queue_position_and_drain_rate
 def test_slo_action_queue_holds_a_request_until_its_prediction_fits_or_its_pod_is_idle():
     q = AdmissionQueue(AdmissionPolicy(ttft_slo_s=0.5, slo_action="queue"))
     assert q.arrive(ticket("r"), 0.0, always(Offer(True, 0.9))).kind == "wait"
-    assert q.next_ready(always(Offer(True, 0.7))) is None
+    assert q.next_ready(0.0, always(Offer(True, 0.7))) is None
     assert drain(q, Offer(True, 0.4)) == ["r"]
     q.arrive(ticket("huge"), 0.0, always(Offer(True, 5.0)))
     assert drain(q, Offer(True, 5.0, pod_idle=True)) == ["huge"]  # waiting cannot help it
@@ -140,7 +145,7 @@ def test_a_timed_out_waiter_is_shed_and_a_dispatched_one_is_not():
     waiting, gone = ticket("waiting"), ticket("gone")
     q.arrive(waiting, 0.0, always(FULL))
     q.arrive(gone, 0.0, always(FULL))
-    q.next_ready(always(FREE))  # dispatches "waiting"
+    q.next_ready(0.0, always(FREE))  # dispatches "waiting"
     assert q.time_out(waiting) is None
     verdict = q.time_out(gone)
     assert verdict is not None and (verdict.kind, verdict.reason) == ("shed", "queue_timeout")
@@ -193,3 +198,31 @@ def test_bad_policies_are_refused():
         AdmissionPolicy(max_wait_s=0)
     with pytest.raises(ValueError):
         Ticket(0.0, weight=0)
+
+
+def test_a_calm_tenant_is_judged_by_its_fair_place_not_by_a_flooding_tenants_backlog():
+    q = AdmissionQueue(AdmissionPolicy(ttft_slo_s=3.0))
+    dispatched_at(q, 0.0, 0.5, 1.0)  # two per second
+    verdicts = [q.arrive(ticket(f"flood{i}", tenant="flood"), 1.0, always(FULL)).kind
+                for i in range(8)]  # fmt: skip
+    assert verdicts == ["wait"] * 6 + ["shed"] * 2  # the 7th in line would wait 3.5 s
+    calm = q.arrive(ticket("calm", tenant="calm"), 1.0, always(FULL))
+    assert (calm.kind, calm.predicted_ttft_s) == ("wait", 1.0)  # second in line, after flood0
+    assert drain(q)[:3] == ["flood0", "calm", "flood1"]
+
+
+def test_a_pod_has_room_under_both_limits_and_zero_means_no_limit():
+    both = AdmissionPolicy(max_in_flight_per_pod=8, max_prefilling_per_pod=2)
+    assert both.has_room(PodLoad(in_flight=7, prefilling=1))
+    assert not both.has_room(PodLoad(in_flight=8, prefilling=0))
+    assert not both.has_room(PodLoad(in_flight=3, prefilling=2))
+    assert AdmissionPolicy().has_room(PodLoad(in_flight=10_000, prefilling=10_000))
+
+
+def test_a_waiting_request_is_predicted_the_wait_for_a_slot_plus_the_pods_ttft_now():
+    q = AdmissionQueue(AdmissionPolicy(ttft_slo_s=1.0))
+    dispatched_at(q, 0.0, 0.25, 0.5)  # four per second
+    full = always(Offer(False, predicted_ttft_s=0.6))  # every pod full; this one 0.6 s away
+    predicted = [q.arrive(ticket(f"#{i}"), 0.5, full).predicted_ttft_s for i in range(3)]
+    assert predicted == pytest.approx([0.85, 1.1, 1.1])  # the 2nd and 3rd would be late
+    assert q.waiting == 1

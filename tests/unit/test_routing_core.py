@@ -162,6 +162,31 @@ def test_a_retried_attempt_releases_its_load_without_teaching_the_strategy():
     assert (core.load.get("a").in_flight, recorder.observed) == (0, [])
 
 
+def test_decide_counts_nothing_until_commit_and_commit_acts_like_route():
+    recorder = _Recorder()
+    speculated: list[tuple[str, list[int]]] = []
+    core = RoutingCore(recorder, speculate=lambda pod, keys: speculated.append((pod, list(keys))))
+    answer = IndexAnswer(100, [11, 12, 13], PrefixMatch.empty(3, BS))
+    req = core.request(MODEL, index=answer)
+    decision = core.decide(req, [Candidate("a"), Candidate("b")], answer.match)
+    assert (decision.pod, core.load.get("a").in_flight, speculated) == ("a", 0, [])
+    routed = core.commit(req, decision, answer.match)
+    assert (routed.pod, core.load.get("a").prefill_tokens, speculated) == (
+        "a",
+        68,
+        [("a", [11, 12])],
+    )
+
+
+def test_the_strategy_learns_the_ttft_after_the_wait_for_admission():
+    recorder = _Recorder()
+    core = RoutingCore(recorder)
+    routed = core.route(core.request(MODEL), [Candidate("a")], None)
+    routed.waited_s = 1.5  # the client saw 1.75 s, the pod took 0.25 s of it
+    core.finish(routed, Outcome(ok=True, ttft_s=1.75, prompt_tokens=10))
+    assert recorder.observed == [Outcome(ok=True, ttft_s=0.25, prompt_tokens=10)]
+
+
 # -- gateway and DES decide alike ----------------------------------------------------------
 
 
