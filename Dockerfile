@@ -1,7 +1,8 @@
 # kvgate gateway image: `docker build -t kvgate:0.1.0 .`
 # Two stages: wheels are built with pip's full toolchain, the runtime stage only
 # installs them: the runtime dependencies, plus the extras named in EXTRAS (e.g.
-# `--build-arg EXTRAS=k8s` for Kubernetes pod discovery); never bench or test.
+# `--build-arg EXTRAS=k8s` for Kubernetes pod discovery, `k8s,otel` with OpenTelemetry
+# traces too); never bench or test.
 
 ARG EXTRAS=""
 

@@ -253,6 +253,18 @@ class DiscoverySettings(BaseModel):
     backoff_max_s: float = 30.0
 
 
+class TracingSettings(BaseModel):
+    """OpenTelemetry traces (``gateway/tracing.py``, the ``otel`` extra); off by default."""
+
+    enabled: bool = False
+    otlp_endpoint: str = "http://127.0.0.1:4318/v1/traces"  # OTLP/HTTP (protobuf) traces URL
+    headers: dict[str, str] = Field(default_factory=dict)  # e.g. a collector's credentials
+    service_name: str = "kvgate"
+    sample_ratio: float = Field(default=1.0, ge=0, le=1)  # of traces the gateway starts
+    timeout_s: float = Field(default=10.0, gt=0)  # one export
+    max_queued_spans: int = Field(default=2048, ge=1)  # beyond: dropped until exported
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="KVGATE_", env_nested_delimiter="__", extra="forbid"
@@ -283,6 +295,7 @@ class Settings(BaseSettings):
     retry: RetrySettings = Field(default_factory=RetrySettings)
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
     max_upstream_connections: int = 4096  # pooled HTTP connections to all pods together
     log_level: str = "info"
 

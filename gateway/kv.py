@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter
 from gateway.config import ModelSettings, Settings
 from gateway.openai_body import ParsedRequest
 from gateway.pods import Pod
+from gateway.tracing import span
 from kvindex.events.http_ingest import decode_http_events
 from kvindex.events.ingest import PodIngestor
 from kvindex.events.subscriber import KVEventSubscriber
@@ -167,15 +168,17 @@ class KvIndex:
         salt = salt if isinstance(salt, str) and salt else None
         base, lora = lora_of(model, pods)
         try:
-            token_ids = await self._tokens_with_failover(parsed, base, pods)
-            if token_ids is None:
-                return None
-            keys = self.keyer(base).keys_for(token_ids, lora, salt)
+            with span("kvgate.tokenize"):
+                token_ids = await self._tokens_with_failover(parsed, base, pods)
+                if token_ids is None:
+                    return None
+                keys = self.keyer(base).keys_for(token_ids, lora, salt)
         except Exception as exc:  # any tokenizer or keying failure: load-only routing
             self._tokenize_failures.labels(model).inc()
             log.debug("tokenization failed for %s: %r", model, exc)
             return None
-        match = await self.store.match(keys, self.block_size(base))
+        with span("kvgate.index_lookup"):
+            match = await self.store.match(keys, self.block_size(base))
         return IndexAnswer(len(token_ids), keys, match)
 
     async def _tokens_with_failover(

@@ -20,6 +20,7 @@ This is the hot path, so it speaks raw ASGI (``gateway.asgi``) and forwards thro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import time
@@ -33,8 +34,8 @@ from gateway.accounting import (
     usage_from_json,
     usage_from_sse,
 )
-from gateway.apis import error_style
 from gateway.admission import Admission
+from gateway.apis import error_style
 from gateway.asgi import (
     ClientLeft,
     DisconnectWatch,
@@ -54,6 +55,7 @@ from gateway.openai_body import JSON, Kind, ParsedRequest, parse_body
 from gateway.pods import Pod, PodRegistry
 from gateway.router import Router
 from gateway.tenancy import Tenancy
+from gateway.tracing import Tracing, forward_client_context, span
 from gateway.upstream import Upstream, UpstreamConnectError, UpstreamDropped, UpstreamResponse
 
 log = logging.getLogger("kvgate.proxy")
@@ -61,6 +63,7 @@ log = logging.getLogger("kvgate.proxy")
 # A client's x-request-id is echoed and forwarded only if it is short and plain.
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 CLIENT_CLOSED = 499  # nginx's "client closed request"
+_NO_SPAN = contextlib.nullcontext()
 _STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 
 
@@ -91,6 +94,7 @@ class Proxy:
         router: Router,
         metrics: GatewayMetrics,
         admission: Admission | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._s = settings
         self._upstream = upstream
@@ -98,12 +102,22 @@ class Proxy:
         self._router = router
         self._metrics = metrics
         self._admission = admission  # None: admission control is off, and costs nothing
+        self._tracing = tracing  # None: tracing is off (the client's context still goes up)
+        # ``handle`` is chosen once: with tracing off no request pays for its wrapper.
+        self.handle = self._handle if tracing is None else self._traced_handle
         self._accounting = Accounting(metrics, router)
         self._tenancy = Tenancy(settings.tenant_isolation)
 
-    # -- entry point --
+    # -- entry point: ``handle`` --
 
-    async def handle(
+    async def _traced_handle(
+        self, scope: Scope, receive: Receive, send: Send, kind: Kind, headers: dict[str, str]
+    ) -> None:
+        assert self._tracing is not None
+        with self._tracing.request(headers, scope["path"], send) as recording:
+            await self._handle(scope, receive, recording, kind, headers)
+
+    async def _handle(
         self, scope: Scope, receive: Receive, send: Send, kind: Kind, headers: dict[str, str]
     ) -> None:
         """Answer one API request (the caller has checked the client's credentials)."""
@@ -113,12 +127,13 @@ class Proxy:
         attempts: list[Attempt] = []  # each records its own outcome, exactly once
         watch: DisconnectWatch | None = None
         try:
-            raw = await read_body(
-                receive, headers, self._s.max_body_bytes, self._s.timeouts.client_body_s
-            )
-            parsed = parse_body(raw, kind, headers.get("content-type", JSON))
-            self._tenancy.apply(parsed, headers)
-            model = await self._resolve_model(parsed)
+            with span("kvgate.parse"):
+                raw = await read_body(
+                    receive, headers, self._s.max_body_bytes, self._s.timeouts.client_body_s
+                )
+                parsed = parse_body(raw, kind, headers.get("content-type", JSON))
+                self._tenancy.apply(parsed, headers)
+                model = await self._resolve_model(parsed)
             watch = DisconnectWatch(receive)
             await self._dispatch(scope, send, parsed, model, headers, request_id, arrived,
                                  attempts, watch)  # fmt: skip
@@ -187,9 +202,10 @@ class Proxy:
         admitted = None  # the first attempt's routing, when admission control made it
         if self._admission is not None:
             ticket = self._admission.ticket(headers, time.monotonic())
-            admitted = await self._admission.admit(
-                model, ticket, req, answer, lambda: self._registry.healthy_for(model)
-            )
+            with span("kvgate.queue_wait"):
+                admitted = await self._admission.admit(
+                    model, ticket, req, answer, lambda: self._registry.healthy_for(model)
+                )
         tried: set[str] = set()
         backoff = self._s.retry.backoff_s
         last_error: GatewayError | None = None
@@ -203,13 +219,15 @@ class Proxy:
             if admitted is not None:
                 routed, admitted = admitted, None
             else:
-                routed = self._router.route(req, candidates, answer)
+                with span("kvgate.choose"):
+                    routed = self._router.route(req, candidates, answer)
             pod = next(p for p in candidates if p.name == routed.pod)
             tried.add(pod.name)
             attempt = Attempt(pod, routed, arrived, model)
             attempts.append(attempt)
             try:
-                await self._attempt(scope, send, parsed, attempt, headers, request_id, watch)
+                with self._upstream_span(attempt):
+                    await self._attempt(scope, send, parsed, attempt, headers, request_id, watch)
                 return
             except _PodFailure as exc:
                 last_error = exc.error
@@ -275,9 +293,15 @@ class Proxy:
         auth = self._upstream_auth(headers, pod)
         if auth:
             up_headers["authorization"] = auth
+        if self._tracing is None:
+            forward_client_context(headers, up_headers)
+        else:
+            self._tracing.inject(up_headers)  # the pod's spans join the attempt's
         try:
             async with asyncio.timeout_at(by):
-                return await self._upstream.open(pod.url + scope["path"], parsed.raw, up_headers)
+                with span("kvgate.upstream_connect"):
+                    return await self._upstream.open(pod.url + scope["path"], parsed.raw,
+                                                     up_headers)  # fmt: skip
         except UpstreamConnectError as exc:
             raise _PodFailure(
                 GatewayError(502, f"cannot connect to pod '{pod.name}': {exc}"), "connect"
@@ -331,7 +355,8 @@ class Proxy:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout_at(self._deadline(loop, a, self._s.timeouts.total_s)):
-                body = await upstream.read()
+                with span("kvgate.first_byte"):  # and the whole body: the pod sends it at once
+                    body = await upstream.read()
         except TimeoutError:
             raise self._timed_out(a, "timed out") from None
         except UpstreamDropped as exc:
@@ -358,7 +383,8 @@ class Proxy:
         chunks = upstream.chunks().__aiter__()
         try:
             async with asyncio.timeout_at(first_byte_by):
-                first = await anext(chunks, b"")
+                with span("kvgate.first_byte"):
+                    first = await anext(chunks, b"")
         except TimeoutError:
             raise self._timed_out(a, "sent no first byte in time") from None
         except UpstreamDropped as exc:
@@ -389,11 +415,13 @@ class Proxy:
         last = b""
         try:
             async with asyncio.timeout_at(self._deadline(loop, a, self._s.timeouts.total_s)):
-                async for chunk in chunks:
-                    tail += chunk
-                    if len(tail) > 2 * USAGE_TAIL_BYTES:
-                        del tail[:-USAGE_TAIL_BYTES]
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                with span("kvgate.stream"):
+                    async for chunk in chunks:
+                        tail += chunk
+                        if len(tail) > 2 * USAGE_TAIL_BYTES:
+                            del tail[:-USAGE_TAIL_BYTES]
+                        await send({"type": "http.response.body", "body": chunk,
+                                    "more_body": True})  # fmt: skip
         except TimeoutError:
             status = 504
             last = sse_error_event(504, f"pod '{a.pod.name}' timed out mid-stream", style)
@@ -409,6 +437,17 @@ class Proxy:
             self._accounting.record(a, status, None)
         watch.stop()
         await send({"type": "http.response.body", "body": last, "more_body": False})
+
+    def _upstream_span(self, a: Attempt) -> contextlib.AbstractContextManager[object]:
+        """The attempt's client span (the pod's context); a no-op with tracing off. The
+        decision is noted on the request's span (the current one, as this is called)."""
+        if self._tracing is None:
+            return _NO_SPAN
+        d = a.routed.decision
+        self._tracing.annotate(**{"kvgate.model": a.model, "kvgate.strategy": d.strategy,
+                                  "kvgate.reason": d.reason,
+                                  "kvgate.predicted_ttft_s": d.predicted_ttft_s})  # fmt: skip
+        return self._tracing.upstream(a.pod.name, a.pod.url)
 
     # -- deadlines --
 

@@ -9,6 +9,7 @@ are built on it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.pods import PodRegistry
 from gateway.proxy import Proxy
 from gateway.router import Router
+from gateway.tracing import Tracing
 from gateway.upstream import Upstream
 from routing.core import RoutingCore
 
@@ -83,7 +85,8 @@ async def running_gateway(
             admission = Admission(settings.admission, settings.models, router,
                                   AdmissionMetrics(prometheus))  # fmt: skip
             registry.on_admit(admission.pod_admitted)
-        proxy = Proxy(settings, upstream, registry, router, metrics, admission)
+        tracing = Tracing(settings.tracing) if settings.tracing.enabled else None
+        proxy = Proxy(settings, upstream, registry, router, metrics, admission, tracing)
         gw = Gateway(settings, registry, router, proxy, metrics, prometheus, client, kv,
                      admission)  # fmt: skip
         await kv.warm_up(m for m in settings.models if router.uses_index(m))
@@ -102,3 +105,5 @@ async def running_gateway(
             await registry.stop()
             await kv.close()
             await upstream.close()
+            if tracing is not None:
+                await asyncio.to_thread(tracing.shutdown)  # exports what is buffered
