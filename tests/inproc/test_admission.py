@@ -14,9 +14,18 @@ import openai
 import pytest
 
 from bench.polling import wait_for_async
-from tests.inproc.harness import InprocGateway, inproc_gateway
-from tests.inproc.scripted_pod import MODEL, ScriptedPod, answer, completion, hang
-from tests.openai_errors import assert_openai_error
+from tests.inproc.harness import ANTHROPIC, InprocGateway, inproc_gateway
+from tests.inproc.scripted_pod import (
+    MODEL,
+    ScriptedPod,
+    answer,
+    completion,
+    delta,
+    hang,
+    sse,
+    stream,
+)
+from tests.openai_errors import assert_anthropic_error, assert_openai_error
 
 ONE_AT_A_TIME = {"enabled": True, "max_in_flight_per_pod": 1}
 
@@ -64,6 +73,21 @@ async def test_waiting_requests_reach_the_pod_in_priority_order(pod_a):
         assert g.metric("kvgate_admission_wait_seconds_count", priority="normal") == 2
 
 
+async def test_a_prefilling_limit_lets_the_next_request_go_at_the_first_token(pod_a):
+    release = asyncio.Event()
+    pod_a.script(hang(until=release, then=stream([sse(delta("Hel"))], ending="hold")))
+    async with inproc_gateway(pod_a, admission={"enabled": True, "max_prefilling_per_pod": 1}) as g:
+        first = g.stream_chat()
+        await wait_for_async(lambda: len(pod_a.received) == 1, 2.0, "the first request held")
+        second = asyncio.create_task(g.chat(chat_body("second")))
+        await queued(g, 1)  # the pod is still prefilling the first
+        release.set()  # its first token: the second may go, the first still streams
+        assert (await second).status_code == 200
+        assert len(pod_a.received) == 2 and not first.complete
+        first.leave()
+        await first.finished()
+
+
 async def test_a_full_queue_is_429_with_retry_after_in_openai_shape_for_the_openai_client(pod_a):
     admission = {**ONE_AT_A_TIME, "max_queue": 1}
     async with inproc_gateway(pod_a, admission=admission) as g:
@@ -87,6 +111,16 @@ async def test_a_full_queue_is_429_with_retry_after_in_openai_shape_for_the_open
         release.set()
         assert [r.status_code for r in await asyncio.gather(first, waiting)] == [200, 200]
         assert contents(pod_a) == ["first", "waiting"]
+
+
+async def test_a_shed_messages_request_is_429_in_anthropics_shape(pod_a):
+    async with inproc_gateway(pod_a, admission={**ONE_AT_A_TIME, "max_queue": 0}) as g:
+        release, first = await hold_the_pod(g, pod_a)
+        shed = await g.client.post("/v1/messages", json=ANTHROPIC)
+        assert assert_anthropic_error(shed, 429)["type"] == "rate_limit_error"
+        assert int(shed.headers["retry-after"]) >= 1
+        release.set()
+        assert (await first).status_code == 200
 
 
 async def test_kv_aware_sheds_a_request_whose_predicted_ttft_exceeds_its_slo_header(pod_a):
