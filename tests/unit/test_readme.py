@@ -28,6 +28,8 @@ def test_readme_config_example_loads_with_the_values_it_shows(tmp_path):
     assert s.max_body_bytes == 8 * 1024 * 1024
     strategy = build_strategy(s.strategy, s.strategy_options["kv-aware"])
     assert strategy.name == "kv-aware"
+    assert s.admission == type(s.admission)()  # every admission default, as shown
+    assert s.tracing == type(s.tracing)()  # and every tracing default
 
 
 def test_flags_beat_env_beat_yaml(tmp_path, monkeypatch):
