@@ -36,6 +36,13 @@ def by_name(spans: list[ReceivedSpan]) -> dict[str, ReceivedSpan]:
     return {s.name: s for s in spans}
 
 
+def python_says(script: str) -> str:
+    """The last line ``script`` prints, run in a fresh interpreter (nothing imported yet)."""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60, check=True)  # fmt: skip
+    return out.stdout.strip().splitlines()[-1]
+
+
 def sampled(flags: str) -> bool:
     """The W3C sampled bit (0x02, a random trace id, may be set too)."""
     return bool(int(flags, 16) & 0x01)
@@ -71,9 +78,7 @@ def test_with_tracing_off_the_opentelemetry_sdk_is_never_imported():
         "print(sorted(m for m in sys.modules\n"
         "             if m.startswith(('opentelemetry.sdk', 'opentelemetry.exporter'))))\n"
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=60, check=True)  # fmt: skip
-    assert out.stdout.strip().splitlines()[-1] == "[]"
+    assert python_says(script) == "[]"
 
 
 async def test_a_streamed_request_is_one_trace_under_the_clients_span_and_the_pod_joins_it(
@@ -161,6 +166,4 @@ def test_tracing_without_the_sdk_fails_at_start_up_and_says_what_to_install():
         "except RuntimeError as exc:\n"
         "    print(exc)\n"
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=60, check=True)  # fmt: skip
-    assert "pip install 'kvgate[otel]'" in out.stdout
+    assert "pip install 'kvgate[otel]'" in python_says(script)

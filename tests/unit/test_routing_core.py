@@ -21,7 +21,7 @@ from kvindex.types import PrefixMatch, Tier
 from routing import strategy_registry
 from routing.core import Candidate, EngineLoad, IndexAnswer, RoutingCore
 from routing.strategy_registry import register
-from routing.types import Decision, Need, NoCandidates, Outcome, Reason, Strategy
+from routing.types import Decision, Need, NoCandidates, Outcome, Reason, RouteRequest, Strategy
 
 MODEL = "parity-model"
 BS = 16
@@ -135,12 +135,17 @@ def test_request_takes_the_exact_length_and_keys_from_the_index_answer():
     assert (req.prompt_tokens, list(req.block_keys), req.session_key) == (100, [1, 2, 3], "s-1")
 
 
-def test_route_counts_uncached_tokens_at_once_speculates_and_finish_observes_once():
+def _speculating_core() -> tuple[_Recorder, RoutingCore, list, IndexAnswer, RouteRequest]:
+    """A core that records its speculation, and a 100-token request with 3 block keys."""
     recorder = _Recorder()
     speculated: list[tuple[str, list[int]]] = []
     core = RoutingCore(recorder, speculate=lambda pod, keys: speculated.append((pod, list(keys))))
     answer = IndexAnswer(100, [11, 12, 13], PrefixMatch.empty(3, BS))
-    req = core.request(MODEL, index=answer)
+    return recorder, core, speculated, answer, core.request(MODEL, index=answer)
+
+
+def test_route_counts_uncached_tokens_at_once_speculates_and_finish_observes_once():
+    recorder, core, speculated, answer, req = _speculating_core()
     routed = core.route(req, [Candidate("a", EngineLoad(waiting=2)), Candidate("b")], answer.match)
     load = core.load.get("a")
     assert (load.in_flight, load.prefill_tokens, load.prefilling) == (1, 100 - 32, 1)
@@ -163,11 +168,7 @@ def test_a_retried_attempt_releases_its_load_without_teaching_the_strategy():
 
 
 def test_decide_counts_nothing_until_commit_and_commit_acts_like_route():
-    recorder = _Recorder()
-    speculated: list[tuple[str, list[int]]] = []
-    core = RoutingCore(recorder, speculate=lambda pod, keys: speculated.append((pod, list(keys))))
-    answer = IndexAnswer(100, [11, 12, 13], PrefixMatch.empty(3, BS))
-    req = core.request(MODEL, index=answer)
+    _, core, speculated, answer, req = _speculating_core()
     decision = core.decide(req, [Candidate("a"), Candidate("b")], answer.match)
     assert (decision.pod, core.load.get("a").in_flight, speculated) == ("a", 0, [])
     routed = core.commit(req, decision, answer.match)
