@@ -31,7 +31,8 @@ def cells(r: Row) -> list[str]:
             _ms(r.ttft_p90_ms)]  # fmt: skip
 
 
-def command(plan: Plan) -> str:
+def command(plan: Plan, out: Path, doc: Path | None) -> str:
+    """The command line that reproduces this run, its output places included."""
     d = Plan()
     args = ["kvgate bench admission"]
     for flag, value, default in (("--pods", plan.pods, d.pods),
@@ -42,6 +43,9 @@ def command(plan: Plan) -> str:
             args.append(f"{flag} {value:g}")
     if plan.loads != d.loads:
         args.append("--loads " + ",".join(f"{x:g}" for x in plan.loads))
+    args.append(f"--out {out}")
+    if doc is not None:
+        args.append(f"--doc {doc}")
     return " ".join(args)
 
 
@@ -57,9 +61,30 @@ def describe(plan: Plan) -> str:
     )
 
 
+def headline(plan: Plan, goodput: Sequence[Row], flood: Sequence[Row]) -> str:
+    """Two sentences from the numbers: the heaviest load, and the high-priority tenant."""
+    none, best = plan.setups()[0].label, plan.setups()[2].label
+    top = goodput[-1].load
+
+    def at(rows: Sequence[Row], setup: str, load: str) -> Row:
+        return next(r for r in rows if r.setup == setup and r.load == load)
+
+    g0, g1 = at(goodput, none, top), at(goodput, best, top)
+    search = flood[0].load
+    f0, f1 = at(flood, none, search), at(flood, best, search)
+    return (
+        f"At {top} the fleet's capacity, kv-aware serves {g1.goodput_rps:.1f} req/s within "
+        f"the SLO with admission control ({best.split(': ', 1)[1]}) and "
+        f"{g0.goodput_rps:.1f} req/s without it. Under the low-priority flood the "
+        f"high-priority tenant's TTFT p90 is {_ms(f1.ttft_p90_ms)} ms with it and "
+        f"{_ms(f0.ttft_p90_ms)} ms without."
+    )
+
+
 def print_tables(plan: Plan, goodput: Sequence[Row], flood: Sequence[Row]) -> None:
     console = Console(width=170) if not Console().is_terminal else Console()
     console.print(describe(plan))
+    console.print(headline(plan, goodput, flood))
     for title, columns, rows in (("Goodput under overload", GOODPUT_COLUMNS, goodput),
                                  ("Priorities under a low-priority flood", FLOOD_COLUMNS,
                                   flood)):  # fmt: skip
@@ -114,14 +139,14 @@ def plot(plan: Plan, goodput: Sequence[Row], flood: Sequence[Row], path: Path) -
 
 
 def render(plan: Plan, goodput: Sequence[Row], flood: Sequence[Row], wall_s: float,
-           image: str) -> str:  # fmt: skip
-    env = [["command", f"`{command(plan)}`"],
+           image: str, cmd: str) -> str:  # fmt: skip
+    env = [["command", f"`{cmd}`"],
            ["machine", f"{os.cpu_count()} CPUs; simulated time, so the numbers do not depend "
             f"on it ({wall_s:.0f} s of wall time)"],
            ["python", platform.python_version()]]  # fmt: skip
     return "\n".join([
         "## Admission control under overload (simulated fleet)", "",
-        markdown_table(("", ""), env), "", describe(plan), "",
+        markdown_table(("", ""), env), "", describe(plan), "", headline(plan, goodput, flood), "",
         "### Goodput under overload", "",
         markdown_table(GOODPUT_COLUMNS, [cells(r) for r in goodput]), "",
         "### Priorities under a low-priority flood", "",
@@ -138,7 +163,7 @@ def write_report(plan: Plan, goodput: Sequence[Row], flood: Sequence[Row], out: 
     out.mkdir(parents=True, exist_ok=True)
     image = plot(plan, goodput, flood, out / "admission.png")
     report = out / "report.md"
-    body = render(plan, goodput, flood, wall_s, image.name)
+    body = render(plan, goodput, flood, wall_s, image.name, command(plan, out, doc))
     report.write_text("# kvgate admission benchmark\n\n" + body.split("\n", 2)[2])
     if doc is not None:
         write_doc_section(doc, "admission", images_relative(body, report, doc))

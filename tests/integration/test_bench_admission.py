@@ -17,7 +17,7 @@ def test_bench_admission_prints_the_tables_and_writes_report_plot_and_doc_sectio
         "Goodput under overload" in printed and "Priorities under a low-priority flood" in printed
     )
     report = (out / "report.md").read_text()
-    assert "`kvgate bench admission --seconds 5 --loads 2`" in report
+    assert f"`kvgate bench admission --seconds 5 --loads 2 --out {out} --doc {doc}`" in report
     assert report.count("| kv-aware, no admission | 2x |") == 1
     assert (out / "admission.png").stat().st_size > 10_000
     text = doc.read_text()
