@@ -38,14 +38,21 @@ def traced_pod(
     receiver: OtlpReceiver,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[VllmServer]:
-    """A vLLM of its own: the session's pods were started without tracing."""
+    """A vLLM of its own: the session's pods were started without tracing. Like the
+    LoRA pod it gets a second start if the first dies beside the session's pods on a
+    busy machine (the log keeps both)."""
     log = tmp_path_factory.mktemp("vllm-traced") / "vllm-traced.log"
     env = {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf", **FLUSH_FAST}
     server = VllmServer(vllm_venv_python, tiny_model_dir, log, name="vllm-traced",
                         extra_args=["--otlp-traces-endpoint", receiver.endpoint],
                         extra_env=env)  # fmt: skip
     with server:
-        yield server.launch()
+        try:
+            server.launch()
+        except RuntimeError:
+            server.stop()
+            server.launch()
+        yield server
 
 
 def test_one_trace_holds_the_gateways_spans_and_vllms_under_them(traced_pod, receiver, nonce):

@@ -85,6 +85,9 @@ class Wire:
         finally:
             for w in waits:
                 w.cancel()
+            # Until the cancelled read has run, the reader is still taken: the next
+            # request on this connection could not be read.
+            await asyncio.gather(*waits, return_exceptions=True)
         if eof.done() and not eof.cancelled() and (eof.exception() or eof.result() == b""):
             received.gone.set()
             self.drop()

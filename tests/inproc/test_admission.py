@@ -26,6 +26,7 @@ from tests.inproc.scripted_pod import (
     stream,
 )
 from tests.openai_errors import assert_anthropic_error, assert_openai_error
+from tests.readme_metrics import readme_metric_names
 
 ONE_AT_A_TIME = {"enabled": True, "max_in_flight_per_pod": 1}
 
@@ -239,7 +240,7 @@ async def test_admission_is_off_by_default_and_exports_nothing(pod_a):
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian prometheus) missing")
-async def test_promtool_accepts_the_admission_metrics(pod_a):
+async def test_promtool_accepts_the_admission_metrics_the_readme_lists(pod_a):
     admission = {**ONE_AT_A_TIME, "max_queue": 0}
     async with inproc_gateway(pod_a, admission=admission) as g:
         release, first = await hold_the_pod(g, pod_a)
@@ -248,6 +249,10 @@ async def test_promtool_accepts_the_admission_metrics(pod_a):
         release.set()
         await first
     assert "kvgate_admission_shed_total{" in text and "kvgate_admission_queue_length{" in text
+    declared = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    documented = {n for n in readme_metric_names() if n.startswith("kvgate_admission_")}
+    assert len(documented) == 3
+    assert documented <= declared
     result = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
                             text=True)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr

@@ -16,6 +16,7 @@ from bench.polling import wait_for
 from bench.prompts import text_of_tokens
 from bench.sim.launch import sim_fleet
 from bench.tinymodel import ensure_tokenizer
+from tests.readme_metrics import readme_metric_names
 
 MODEL = "kvgate-tiny-llama"
 BLOCK = 32
@@ -181,15 +182,6 @@ def test_kv_events_over_http_are_accepted_and_garbage_is_a_400(fleet):
         assert httpx.post(f"{gw.admin}/admin/kv-events?pod=nope", content=b"[]").status_code == 404
 
 
-def readme_metric_names() -> set[str]:
-    import re
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = text.split("## Metrics", 1)[1].split("\n## ", 1)[0]
-    return set(re.findall(r"`(kvgate_[a-z_]+)`", section))
-
-
 def test_every_metric_in_the_readme_is_exported(fleet, system_prompt):
     names = readme_metric_names()
     assert len(names) >= 25
@@ -202,5 +194,7 @@ def test_every_metric_in_the_readme_is_exported(fleet, system_prompt):
         exported = httpx.get(f"{gw}/metrics").text
     declared = {line.split()[2] for line in exported.splitlines() if line.startswith("# TYPE ")}
     redis_only = {n for n in names if "redis" in n or "fallbacks" in n}
-    missing = sorted(n for n in names - redis_only if n not in declared)
+    # Admission control's exist only with it on (tests/inproc/test_admission.py checks them).
+    admission_only = {n for n in names if n.startswith("kvgate_admission_")}
+    missing = sorted(n for n in names - redis_only - admission_only if n not in declared)
     assert missing == []
