@@ -6,8 +6,9 @@ simulated time) does the same five things, here and nowhere else:
 1. ``request``: build the ``RouteRequest`` with what the model's strategy
    ``needs`` and only that (the caller computes the index answer when
    ``needs_index`` says so: tokenization and a lookup are async and costly live);
-2. ``route``: turn the candidates into ``PodView``s (this router's in-flight load
-   from the ``LoadTracker`` plus the engine gauges the caller last scraped), ask the
+2. ``route``: turn the candidates into ``PodView``s (the in-flight load from the
+   ``LoadView``: this router's own dispatches by default, fleet-wide when the gateway
+   is scaled out; plus the engine gauges the caller last scraped), ask the
    strategy, record the speculative L0 entries it asks for, and count the request's
    load at once with its *uncached* prompt tokens;
 3. ``first_token``: the pod finished the prefill; only the decode slot remains;
@@ -25,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvindex.types import Bound, PrefixMatch
-from routing.load import InFlight, LoadTracker
+from routing.load import InFlight, LoadTracker, LoadView
 from routing.strategy_registry import build_strategy, canonical_name
 from routing.types import Decision, Need, Outcome, PodView, RouteRequest, Strategy
 
@@ -88,13 +89,13 @@ class RoutingCore:
         default: Strategy,
         per_model: Mapping[str, Strategy] | None = None,
         *,
-        load: LoadTracker | None = None,
+        load: LoadView | None = None,
         speculate: Speculate | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._default = default
         self._per_model = dict(per_model or {})
-        self.load = load if load is not None else LoadTracker()
+        self.load: LoadView = load if load is not None else LoadTracker()
         self._speculate = speculate
         self._clock = clock
 
@@ -117,6 +118,10 @@ class RoutingCore:
 
         per_model = {model: build(name) for model, name in (model_strategies or {}).items()}
         return cls(build(default), per_model, **kwargs)
+
+    def set_load(self, load: LoadView) -> None:
+        """Where load is counted and read (a fleet-wide view, once the gateway has one)."""
+        self.load = load
 
     def set_speculation(self, speculate: Speculate | None) -> None:
         """Where speculative L0 entries go (the index, once it exists)."""
@@ -173,7 +178,7 @@ class RoutingCore:
     # -- one routing ----------------------------------------------------------------------
 
     def views(self, candidates: Iterable[Candidate]) -> list[PodView]:
-        """Routing-time snapshots: this router's load plus the scraped engine gauges."""
+        """Routing-time snapshots: the load view's counts plus the scraped engine gauges."""
         views = []
         for c in candidates:
             load, engine = self.load.get(c.pod), c.engine

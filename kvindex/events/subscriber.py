@@ -20,6 +20,11 @@ peer that vanished without closing). Per rank the subscriber tracks ``seq``:
   rank's engine-hash map reset, and the new process's history replayed from 0.
 * first frame ever with ``seq > 0``: replay from 0 to learn what the pod already holds
   (``bootstrap_replay``).
+* ``warm_start``: replay from 0 as soon as the SUB socket is connected, without
+  waiting for a live frame (an idle pod may publish nothing for minutes), so a
+  gateway that joins or restarts knows what every pod holds before it routes;
+  ``warmed`` is set once every rank's replay ended (answered, empty or timed out).
+  Live frames the replay already delivered are dropped as duplicates.
 
 A pod ejected by the gateway is dropped from the store by the gateway
 (``store.drop_pod``); stopping its subscriber does not touch the store.
@@ -103,6 +108,7 @@ class KVEventSubscriber:
         replay_timeout_s: float = 2.0,
         replay_max_batches: int = 20_000,
         bootstrap_replay: bool = True,
+        warm_start: bool = False,
         heartbeat_s: float = 5.0,
         context: zmq.asyncio.Context | None = None,
     ) -> None:
@@ -113,6 +119,11 @@ class KVEventSubscriber:
         self.replay_timeout_s = replay_timeout_s
         self.replay_max_batches = replay_max_batches
         self.bootstrap_replay = bootstrap_replay
+        self.warm_start = warm_start and replay_endpoint is not None
+        self.warmed = asyncio.Event()  # every rank's start-up replay ended (or none was due)
+        self._ranks_warming = dp_size if self.warm_start else 0
+        if not self._ranks_warming:
+            self.warmed.set()
         self.heartbeat_ms = int(heartbeat_s * 1000)
         self._ctx = context if context is not None else zmq.asyncio.Context.instance()
         self._ranks = [
@@ -165,6 +176,8 @@ class KVEventSubscriber:
         poller.register(sub, zmq.POLLIN)
         poller.register(monitor, zmq.POLLIN)
         try:
+            if self.warm_start:
+                await self._warm(st)
             while True:
                 ready = dict(await poller.poll())
                 if monitor in ready:
@@ -176,6 +189,25 @@ class KVEventSubscriber:
                 sub.disable_monitor()
             monitor.close(linger=0)
             sub.close(linger=0)
+
+    async def _warm(self, st: _RankState) -> None:
+        """Replay ``st``'s history from 0 before reading the live stream.
+
+        The SUB socket is already connected, so live frames published meanwhile wait
+        in it; those the replay covered are then dropped as duplicates."""
+        try:
+            replayed = await self._replay(st, 0)
+            for seq in sorted(replayed):
+                await self._apply(st, Frame(seq=seq, payload=replayed[seq]))
+            if st.stats.last_seq is not None:
+                st.dup_from, st.dup_until = 0, st.stats.last_seq
+        except Exception:  # a bad replay must not stop the live stream
+            st.stats.internal_errors += 1
+            log.exception("pod %s rank %d: start-up replay failed", self.pod_id, st.rank)
+        finally:
+            self._ranks_warming -= 1
+            if self._ranks_warming <= 0:
+                self.warmed.set()
 
     async def handle_frames(self, frames: list[bytes], rank: int = 0) -> None:
         """Handle one live message of ``rank`` (what the socket loop calls); never raises."""

@@ -295,3 +295,53 @@ async def test_malformed_frames_are_counted_and_the_stream_goes_on(ctx):
     assert registry.get_sample_value("kvgate_kv_event_decode_errors_total", {"pod": "pod-a"}) == 2
     await sub.stop()
     await pub.close()
+
+
+# -- warm start: a gateway that joins or restarts learns an idle pod's cache at once ------
+
+
+async def test_warm_start_replays_an_idle_pods_history_before_any_live_frame(ctx):
+    pub, store = Publisher(ctx), RecordingStore()
+    for i in range(3):
+        await pub.publish(stored(i))  # before the gateway started; the pod is idle since
+    sub = await connected_subscriber(pub, store, warm_start=True)
+    await asyncio.wait_for(sub.warmed.wait(), 2.0)
+    assert stored_keys(store) == KEYER.keys(TOKENS[:12])
+    assert (sub.stats[0]["last_seq"], sub.stats[0]["replays"]) == (2, 1)
+    await sub.stop()
+    await pub.close()
+
+
+async def test_live_frames_the_warm_replay_delivered_are_dropped_and_later_ones_applied(ctx):
+    pub, store = Publisher(ctx), RecordingStore()
+    for i in range(2):
+        await pub.publish(stored(i))
+    sub = await connected_subscriber(pub, store, warm_start=True)
+    await asyncio.wait_for(sub.warmed.wait(), 2.0)
+    # A live frame the replay already covered (a slow subscription), then the next one.
+    await pub.pub.send_multipart([b"kv", (1).to_bytes(8, "big"), pub.buffer[1][1]])
+    await pub.publish(stored(2))
+    await wait_until(lambda: sub.stats[0]["last_seq"] == 2)
+    assert stored_keys(store) == KEYER.keys(TOKENS[:12])
+    assert (sub.stats[0]["duplicates"], sub.stats[0]["restarts"]) == (1, 0)
+    await sub.stop()
+    await pub.close()
+
+
+async def test_warm_start_of_a_pod_whose_replay_never_answers_ends_within_its_timeout(ctx):
+    pub, store = Publisher(ctx), RecordingStore()
+    pub.answer_replays = False
+    await pub.publish(stored(0))
+    started = time.monotonic()
+    sub = await connected_subscriber(pub, store, warm_start=True)  # replay_timeout_s=0.5
+    await asyncio.wait_for(sub.warmed.wait(), 2.0)
+    assert time.monotonic() - started < 1.5
+    assert (sub.stats[0]["replay_timeouts"], store.ops()) == (1, [])
+    await sub.stop()
+    await pub.close()
+
+
+async def test_without_a_replay_endpoint_a_subscriber_is_warm_at_once(ctx):
+    sub = KVEventSubscriber("pod-a", "tcp://127.0.0.1:1", None, KEYER, RecordingStore(),
+                            warm_start=True, context=ctx)  # fmt: skip
+    assert sub.warmed.is_set()
