@@ -68,6 +68,15 @@ Per-pod counts are not tracked (that would cost a write per event);
 ``drop_pod`` and ``Cleared`` SCAN the namespace, which is fine for their rarity
 (pod ejection, engine restart).
 
+Redis Cluster (``cluster=True``): the whole namespace is one hash slot, so the store
+talks to that slot's master with a plain client, found with ``CLUSTER SLOTS`` from
+the URL's node (then from every node it has learnt, so the seed may die too). A
+connection error, a timeout or a cluster redirection (``MOVED``, ``CLUSTERDOWN``,
+``READONLY`` …) propagates as usual and makes the next call look the master up
+again: after a failover ``ResilientStore`` serves the local view until the promoted
+replica answers, sees a new ``server_id`` (its ``run_id``) and pushes its snapshot.
+``stats().keys`` is then the slot's key count (``CLUSTER COUNTKEYSINSLOT``).
+
 Errors (``redis.exceptions.RedisError``, ``OSError``) propagate: wrap the store
 in ``ResilientStore`` for fallback. Socket timeouts default to 100 ms and a
 command that lost its connection is retried once (a stale pooled connection
@@ -77,19 +86,22 @@ after a restart); a timeout is not retried.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import struct
 import time
-from collections.abc import Coroutine, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 
+from kvindex.redis_cluster import REROUTE_ON, SlotMaster
 from kvindex.redis_scripts import APPLY, ApplyArgs, Walk, prefix_walk
 from kvindex.store import (
     GROUP_BLOCKS,
@@ -110,6 +122,27 @@ _UNKNOWN_ID_RETRY_S = 10.0
 _TIER_MASK = {Tier.L0: 1, Tier.L1: 2, Tier.L2: 4}
 _REFINE_ROUNDS = 2  # after these, read every remaining block (the exact fallback)
 _HEX = "0123456789abcdef"
+T = TypeVar("T")
+
+
+def _on_namespace_node(
+    method: Callable[..., Awaitable[T]],
+) -> Callable[..., Awaitable[T]]:
+    """Run ``method`` on the node holding the namespace: in a cluster, find the slot's
+    master first if it is not known, and forget it after an error that says it moved."""
+
+    @functools.wraps(method)
+    async def routed(self: RedisStore, *args: Any, **kwargs: Any) -> T:
+        if not self._routed:
+            await self._route()
+        try:
+            return await method(self, *args, **kwargs)
+        except REROUTE_ON:
+            if self.cluster:
+                self._routed = False
+            raise
+
+    return routed
 
 
 class RedisStore:
@@ -127,12 +160,14 @@ class RedisStore:
         socket_timeout: float = 0.1,
         socket_connect_timeout: float = 0.1,
         retries: int = 1,
+        cluster: bool = False,
         **redis_kwargs: Any,
     ) -> None:
         """``url``: redis:// or rediss:// (TLS); password and TLS options
         (``password``, ``ssl_ca_certs``, ``ssl_certfile`` …) go in the URL or
         ``redis_kwargs``. ``max_keys`` is the capacity reported by ``stats`` (set
-        it to what ``maxmemory`` holds); it bounds nothing by itself."""
+        it to what ``maxmemory`` holds); it bounds nothing by itself. ``cluster``: the
+        URL names one node of a Redis Cluster (see the module docstring)."""
         if any(c in namespace for c in "{}"):
             raise ValueError("namespace must not contain braces (it becomes the hash tag)")
         self.namespace = namespace
@@ -164,10 +199,26 @@ class RedisStore:
             **redis_kwargs,
         )
         self._apply = self._redis.register_script(APPLY)
+        self.cluster = cluster
+        self.slot = key_slot(self.root.encode())
+        self._routed = not cluster  # a standalone server always holds the namespace
+        self._master = SlotMaster(self._redis, self.slot)
 
     @property
     def client(self) -> Redis:
+        """The client of the node holding the namespace (as last known, in a cluster)."""
         return self._redis
+
+    @_on_namespace_node
+    async def on_namespace(self, call: Callable[[Redis], Awaitable[T]]) -> T:
+        """``call`` with the client of the namespace's node (other data of this
+        namespace's replicas, e.g. their published load, lives in the same slot)."""
+        return await call(self._redis)
+
+    async def _route(self) -> None:
+        """Point the client at the master of the namespace's slot (a cluster)."""
+        self._redis = await self._master.locate(self._redis)
+        self._routed = True
 
     def key_name(self, key: int) -> str:
         return f"{self.prefix}{key:016x}"
@@ -327,29 +378,37 @@ class RedisStore:
             self._pod_names.clear()
         self._pod_names[pid] = name
 
+    @_on_namespace_node
     async def match(self, keys: Sequence[int], block_size: int) -> PrefixMatch:
         """One round trip (two when a chain ends in a group without a summary)."""
         l2, pods, _ = await self._walk(keys)
         return PrefixMatch(total_blocks=len(keys), block_size=block_size, pods=pods, l2=l2)
 
+    @_on_namespace_node
     async def l2_writers(self, keys: Sequence[int]) -> dict[str, int]:
         """Writer pod -> number of blocks it wrote within the fleet-wide L2 prefix."""
         return (await self._walk(keys))[2]
 
+    @_on_namespace_node
     async def stats(self) -> IndexStats:
-        return IndexStats(
-            backend=self.backend, keys=int(await self._redis.dbsize()), capacity=self.capacity
-        )
+        if self.cluster:  # a node holds other slots too: count the namespace's own
+            keys = await self._redis.execute_command("CLUSTER COUNTKEYSINSLOT", self.slot)
+        else:
+            keys = await self._redis.dbsize()
+        return IndexStats(backend=self.backend, keys=int(keys), capacity=self.capacity)
 
+    @_on_namespace_node
     async def ping(self) -> bool:
         return bool(await self._redis.ping())
 
+    @_on_namespace_node
     async def server_id(self) -> str:
         """The Redis process's ``run_id``: it changes when Redis restarts (and lost data)."""
         return str((await self._redis.info("server"))["run_id"])
 
     # -- writes ---------------------------------------------------------------
 
+    @_on_namespace_node
     async def apply(self, pod: str, ops: Sequence[IndexOp]) -> None:
         """All of a batch's Stored/Removed in one pipelined round trip."""
         calls: list[ApplyArgs] = []
@@ -365,6 +424,7 @@ class RedisStore:
                 self.bad_ops += 1
         await self._run(calls)
 
+    @_on_namespace_node
     async def speculate(self, pod: str, keys: Sequence[int], ttl_s: float) -> None:
         """Mark ``pod`` as holding ``keys`` in L0 for ``ttl_s`` unless confirmed sooner.
 
@@ -441,6 +501,7 @@ class RedisStore:
                     raise
                 self._apply.sha = await self._redis.script_load(APPLY)
 
+    @_on_namespace_node
     async def drop_pod(self, pod: str) -> None:
         """Forget an ejected pod's L0/L1 entries; its L2 writes stay (shared storage).
 

@@ -20,6 +20,7 @@ from kvindex.memory_store import MemoryStore
 from kvindex.redis_store import RedisStore
 from kvindex.store import Cleared, IndexOp, Positions, Removed, Stored, chain_positions
 from kvindex.types import PodPrefix, Tier
+from tests.conftest import RedisTarget
 
 pytestmark = pytest.mark.redis
 K = [0xC000 + i for i in range(64)]
@@ -81,10 +82,10 @@ async def test_a_block_held_only_by_expired_speculation_ends_every_chain(
 
 async def test_a_replica_reads_a_pod_name_from_the_registry_only_once(
     store: RedisStore,
-    redis_server: RedisServer,
+    redis_target: RedisTarget,
 ) -> None:
     await store.apply("writer-pod", [Stored(Tier.L0, K[:4])])
-    reader = RedisStore(redis_server.url, namespace=store.namespace)
+    reader = redis_target.store(store.namespace)
     try:
         await store.client.config_resetstat()
 
@@ -118,10 +119,11 @@ async def test_cancelled_lookups_never_leave_a_reply_for_the_next_caller(
 
 
 async def test_a_rejected_lookup_leaves_the_pooled_connection_in_sync(
-    store: RedisStore,
     redis_server: RedisServer,
 ) -> None:
-    """TIME is answered, MGET is refused: the unread state must not leak."""
+    """TIME is answered, MGET is refused: the unread state must not leak. (One server:
+    ACL users are per node.)"""
+    store = RedisStore(redis_server.url, namespace=f"t-{uuid.uuid4().hex[:8]}")
     user = f"nomget-{uuid.uuid4().hex[:6]}"
     await store.client.execute_command("ACL", "SETUSER", user, "on", ">pw", "~*", "+@all", "-mget")
     url = redis_server.url.replace("redis://", f"redis://{user}:pw@")
@@ -137,6 +139,7 @@ async def test_a_rejected_lookup_leaves_the_pooled_connection_in_sync(
     finally:
         await limited.close()
         await store.client.execute_command("ACL", "DELUSER", user)
+        await store.close()
 
 
 def _chains(rng: random.Random, n: int = 8, max_len: int = 90) -> list[list[int]]:

@@ -11,6 +11,7 @@ from bench.redis_server import RedisServer
 from kvindex.redis_store import RedisStore
 from kvindex.store import Cleared, Removed, Stored, chain_positions
 from kvindex.types import PodPrefix, Tier
+from tests.conftest import RedisTarget
 
 pytestmark = pytest.mark.redis
 K = [0xB000 + i for i in range(2048)]
@@ -63,10 +64,10 @@ async def test_removing_the_last_holder_deletes_the_key(store: RedisStore) -> No
 
 async def test_replicas_with_the_same_namespace_share_one_index(
     store: RedisStore,
-    redis_server: RedisServer,
+    redis_target: RedisTarget,
 ) -> None:
-    replica = RedisStore(redis_server.url, namespace=store.namespace)
-    other_model = RedisStore(redis_server.url, namespace=store.namespace + "-other")
+    replica = redis_target.store(store.namespace)
+    other_model = redis_target.store(store.namespace + "-other")
     try:
         await store.apply("a", [Stored(Tier.L0, K[:3])])
 

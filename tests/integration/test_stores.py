@@ -1,7 +1,8 @@
 """IndexStore semantics, run against every backend and wrapper.
 
 MemoryStore, RedisStore, ResilientStore (Redis with a local view) and
-InstrumentedStore (metrics decorator) must give the same answers.
+InstrumentedStore (metrics decorator) must give the same answers, the Redis ones on
+one server and on a Redis Cluster.
 
 RedisStore talks to a real redis-server (the ``redis_server`` fixture); each test gets
 its own namespace, so tests never see each other's keys.
@@ -33,6 +34,8 @@ Store = MemoryStore | RedisStore | ResilientStore | InstrumentedStore
         "memory",
         pytest.param("redis", marks=pytest.mark.redis),
         pytest.param("resilient", marks=pytest.mark.redis),  # Redis + local view
+        pytest.param("redis-cluster", marks=pytest.mark.redis),  # 3 masters, a replica each
+        pytest.param("resilient-cluster", marks=pytest.mark.redis),
         "instrumented",  # the metrics decorator around a MemoryStore
     ]
 )
@@ -43,9 +46,12 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     elif request.param == "instrumented":
         s = InstrumentedStore(MemoryStore(capacity_keys=10_000), CollectorRegistry())
     else:
-        server = request.getfixturevalue("redis_server")
-        s = RedisStore(server.url, namespace=f"t-{uuid.uuid4().hex[:8]}", key_ttl_s=60)
-        if request.param == "resilient":
+        cluster = request.param.endswith("cluster")
+        server = request.getfixturevalue("redis_cluster" if cluster else "redis_server")
+        s = RedisStore(
+            server.url, namespace=f"t-{uuid.uuid4().hex[:8]}", key_ttl_s=60, cluster=cluster
+        )
+        if request.param.startswith("resilient"):
             s = ResilientStore(s, MemoryStore(10_000), ResilientMetrics(CollectorRegistry()))
     yield s
     await s.close()
