@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from kvindex.types import Bound
+
 
 class LoadCell(Protocol):
     """The counters one pod's dispatched requests move (in this process or shared)."""
@@ -26,8 +28,6 @@ class LoadCell(Protocol):
     def add(self, in_flight: int, prefill_tokens: int, prefilling: int) -> None:
         """Add the deltas; no counter goes below zero."""
         ...
-
-from kvindex.types import Bound
 
 
 @dataclass(slots=True)
