@@ -34,13 +34,16 @@ def wait_ready(base_url: str, timeout: float = 30.0) -> None:
 
 
 class GatewayURL(str):
-    """The gateway's base URL (a plain ``str``), carrying its admin listener's URL."""
+    """The gateway's base URL (a plain ``str``), carrying its admin listener's URL and
+    its process id (with ``--workers`` > 1, the supervisor's)."""
 
     admin: str
+    pid: int
 
-    def __new__(cls, url: str, admin: str) -> GatewayURL:
+    def __new__(cls, url: str, admin: str, pid: int = 0) -> GatewayURL:
         obj = super().__new__(cls, url)
         obj.admin = admin
+        obj.pid = pid
         return obj
 
 
@@ -51,16 +54,21 @@ def run_gateway(
     extra_args: list[str] | None = None,
     env: dict[str, str] | None = None,
     ready: bool = True,
+    workers: int = 1,
+    port: int | None = None,
 ) -> Iterator[GatewayURL]:
     """Start ``kvgate serve`` in front of ``pods`` ((name, url) pairs); yield its URL
     (``.admin``: the admin listener's, on loopback).
 
+    ``workers``: worker processes (``--workers``); 1 unless asked, so tests and
+    benchmarks do not start one per core. ``port``: a fixed port (a restarted replica).
+
     ``pods`` entries may carry extra pod options after the URL, e.g.
     ``("a", "http://127.0.0.1:8001,events=tcp://127.0.0.1:5557")``.
     """
-    port, admin_port = free_port(), free_port()
+    port, admin_port = port or free_port(), free_port()
     cmd = [sys.executable, "-m", "cli", "serve", "--host", "127.0.0.1"]
-    cmd += ["--port", str(port), "--admin-port", str(admin_port)]
+    cmd += ["--port", str(port), "--admin-port", str(admin_port), "--workers", str(workers)]
     cmd += ["--strategy", strategy, "--log-level", "warning"]
     for name, url in pods:
         cmd += ["--pod", f"{name}={url}"]
@@ -68,7 +76,7 @@ def run_gateway(
     log = tempfile.NamedTemporaryFile(prefix="kvgate-gw-", suffix=".log", delete=False)
     full_env = {**os.environ, "KVGATE_HEALTH__INTERVAL_S": "0.5", **(env or {})}
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env)
-    base = GatewayURL(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}")
+    base = GatewayURL(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}", proc.pid)
     try:
         wait_http(f"{base}/health", proc=proc)
         if ready:

@@ -28,6 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="an upstream pod; repeat for each pod",
     )
     parser.add_argument("--strategy", help="routing strategy (round-robin, least-loaded, ...)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        help="processes serving the port, routing as one (default: one per core; 1: one process)",
+    )
     parser.add_argument("--max-body-bytes", type=int, help="request body limit (default 8 MiB)")
     parser.add_argument("--log-level", help="debug, info, warning ...")
 
@@ -42,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         "strategy": args.strategy,
         "max_body_bytes": args.max_body_bytes,
         "log_level": args.log_level,
+        "workers": args.workers,
     }
     if args.admin_port is not None:
         overrides["admin"] = {"port": args.admin_port}

@@ -136,7 +136,8 @@ async def bounds(request: Request) -> Response:
     """Every bounded structure's size, capacity and worst-case bytes; the process's RSS
     and open file descriptors (``kvgate bench soak`` samples this every minute)."""
     gw = _admin(request)
-    structures = {**gw.kv.bounds(), **gw.router.core.bounds(), **gw.registry.bounds()}
+    structures = {**gw.kv.bounds(), **gw.router.core.bounds(), **gw.registry.bounds(),
+                  **gw.scale.bounds()}  # fmt: skip
     if gw.admission is not None:
         structures.update(gw.admission.bounds())
     return JSONResponse(

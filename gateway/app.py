@@ -31,11 +31,14 @@ from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
 from gateway.openai_body import Kind
 from gateway.state import Gateway, build_routing, running_gateway
+from gateway.workers import WorkerContext
 
 log = logging.getLogger("kvgate.app")
 
 
-def create_app(settings: Settings) -> FastAPI:
+def create_app(settings: Settings, worker: WorkerContext | None = None) -> FastAPI:
+    """The serving app (its ``state.admin_app`` is the admin app); ``worker``: this
+    process is one of ``kvgate serve --workers N``."""
     prometheus = CollectorRegistry()
     metrics = GatewayMetrics(prometheus)
     core = build_routing(settings)  # a bad strategy name or option fails here
@@ -48,7 +51,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with running_gateway(settings, core, prometheus, metrics) as gw:
+        async with running_gateway(settings, core, prometheus, metrics, worker) as gw:
             app.state.gw = admin.state.gw = gw
             yield
 
@@ -145,7 +148,8 @@ async def health(request: Request) -> Response:
 
 
 async def ready(request: Request) -> Response:
-    """Every configured model has a healthy pod (readiness)."""
+    """Every configured model has a healthy pod, and the index knows what the start-up
+    pods hold (warm start, ``gateway.warm_start``): readiness."""
     gw = gateway_of(request)
     configured = {m for p in gw.settings.pods for m in p.models} or gw.registry.known_models()
     serving = gw.registry.serving_models()
@@ -153,12 +157,15 @@ async def ready(request: Request) -> Response:
     if not serving or missing:
         body = {"status": "not ready", "models_without_healthy_pod": missing}
         return JSONResponse(body, status_code=503)
-    return JSONResponse({"status": "ready", "models": sorted(serving)})
+    if warming := gw.scale.warm.warming():
+        body = {"status": "warming", "pods_replaying_kv_events": warming}
+        return JSONResponse(body, status_code=503)
+    return JSONResponse({"status": "ready", "models": sorted(serving), **gw.scale.describe()})
 
 
 async def metrics_endpoint(request: Request) -> Response:
     """Prometheus exposition of the gateway's own registry."""
-    return Response(generate_latest(gateway_of(request).prometheus), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(gateway_of(request).exposition), media_type=CONTENT_TYPE_LATEST)
 
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:

@@ -227,6 +227,28 @@ class IndexSettings(BaseModel):
     key_ttl_s: float = 3600.0  # every Redis block key expires unless re-stored
     speculative_ttl_s: float = 3.0  # chosen pod holds the prompt's blocks until events confirm
     engine_map_capacity: int = 200_000  # engine hash -> router key entries per pod
+    redis_cluster: bool = False  # redis_url names a node of a Redis Cluster
+    # Replay each pod's KV events at start (its replay endpoint), so a gateway that joins
+    # or restarts routes on a full index at once; the memory backend's /ready waits for it.
+    warm_start: bool = True
+
+
+class ScaleOutSettings(BaseModel):
+    """Worker processes and replicas routing as one (docs/deploy.md, "Scaling out")."""
+
+    # index.backend redis: every replica's in-flight counts per pod reach the others
+    share_load: bool = True
+    load_interval_s: float = 0.05  # how often a replica publishes its counts and reads others'
+    load_lease_s: float = 1.0  # a replica not heard from for this long counts for nothing
+    max_replicas: int = 256  # other replicas' counts read at most
+    worker_load_pods: int = 1024  # pods in the host's shared load table (--workers > 1)
+    worker_bus_bytes: int = 4 * 1024 * 1024  # per worker: speculation and HTTP-event ring
+
+    @model_validator(mode="after")
+    def _lease_outlives_interval(self) -> ScaleOutSettings:
+        if self.load_interval_s <= 0 or self.load_lease_s < 2 * self.load_interval_s:
+            raise ValueError("scale_out.load_lease_s must be at least 2 x load_interval_s (> 0)")
+        return self
 
 
 class DiscoverySettings(BaseModel):
@@ -297,6 +319,10 @@ class Settings(BaseSettings):
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     max_upstream_connections: int = 4096  # pooled HTTP connections to all pods together
+    # Processes serving the port (kvgate serve --workers); None: one per core this process
+    # may use (CPU affinity, capped by a cgroup CPU limit). 1: a single process.
+    workers: int | None = Field(default=None, ge=1)
+    scale_out: ScaleOutSettings = Field(default_factory=ScaleOutSettings)
     log_level: str = "info"
 
     @field_validator("api_keys", mode="before")

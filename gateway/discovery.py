@@ -125,7 +125,10 @@ class DiscoveryMetrics:
             registry=registry,
         )
         self.pods = Gauge(
-            "kvgate_discovery_pods", "Discovered pods that are routable now.", registry=registry
+            "kvgate_discovery_pods",
+            "Discovered pods that are routable now.",
+            registry=registry,
+            multiprocess_mode="livemax",
         )
 
 

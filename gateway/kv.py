@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Coroutine, Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 from prometheus_client import CollectorRegistry, Counter
@@ -55,7 +55,12 @@ MAX_PENDING_SPECULATIONS = 1024
 TOKENIZE_ATTEMPTS = 2  # pods asked for /tokenize before routing by load alone
 
 
-def build_store(settings: Settings, prometheus: CollectorRegistry) -> IndexStore:
+def build_store(
+    settings: Settings, prometheus: CollectorRegistry, writes_events: bool = True
+) -> IndexStore:
+    """The index store: memory, or Redis with a local view. ``writes_events=False``: a
+    sibling worker writes this host's KV events to Redis (``gateway.workers``); this one
+    keeps them in its local view only."""
     idx = settings.index
     local = MemoryStore(idx.capacity_keys)
     if idx.backend == "memory":
@@ -65,20 +70,31 @@ def build_store(settings: Settings, prometheus: CollectorRegistry) -> IndexStore
 
     if not idx.redis_url:
         raise ValueError("index.backend is 'redis' but index.redis_url is not set")
-    redis = RedisStore(
-        idx.redis_url, namespace=idx.namespace, key_ttl_s=idx.key_ttl_s, max_keys=idx.capacity_keys
-    )
+    redis: Any = RedisStore(
+        idx.redis_url, namespace=idx.namespace, key_ttl_s=idx.key_ttl_s,
+        max_keys=idx.capacity_keys, cluster=idx.redis_cluster,
+    )  # fmt: skip
+    if not writes_events:
+        from gateway.siblings import EventsWrittenElsewhere
+
+        redis = EventsWrittenElsewhere(redis)
     resilient = ResilientStore(redis, local, ResilientMetrics(prometheus))
     return InstrumentedStore(resilient, prometheus)
 
 
 class KvIndex:
     def __init__(
-        self, settings: Settings, prometheus: CollectorRegistry, client: httpx.AsyncClient
+        self,
+        settings: Settings,
+        prometheus: CollectorRegistry,
+        client: httpx.AsyncClient,
+        writes_events: bool = True,
     ) -> None:
         self._s = settings
         self._client = client
-        self.store = build_store(settings, prometheus)
+        self.store = build_store(settings, prometheus, writes_events)
+        # Sibling worker processes (``gateway.siblings``): what only this worker learns.
+        self.peers: IndexPeers | None = None
         self.event_metrics = EventMetrics(prometheus)
         self._tokenize_failures = Counter(
             "kvgate_tokenize_failures",
@@ -177,6 +193,8 @@ class KvIndex:
             self._tokenize_failures.labels(model).inc()
             log.debug("tokenization failed for %s: %r", model, exc)
             return None
+        if self.peers is not None:
+            self.peers.drain()  # the siblings' speculations, before this lookup
         with span("kvgate.index_lookup"):
             match = await self.store.match(keys, self.block_size(base))
         return IndexAnswer(len(token_ids), keys, match)
@@ -227,6 +245,8 @@ class KvIndex:
         pending = self.store.speculate_nowait(pod, keys, self._s.index.speculative_ttl_s)
         if pending is not None:
             self._background(pending)
+        if self.peers is not None:
+            self.peers.speculated(pod, keys)
 
     def _background(self, coro: Coroutine[Any, Any, None]) -> None:
         if len(self._pending) >= MAX_PENDING_SPECULATIONS:
@@ -257,6 +277,7 @@ class KvIndex:
             self.event_metrics,
             dp_size=cfg.dp_ranks,
             map_capacity=self._s.index.engine_map_capacity,
+            warm_start=self._s.index.warm_start,
         )
         self._subscribers[pod.name] = sub
         await sub.start()
@@ -276,7 +297,16 @@ class KvIndex:
         await self.store.drop_pod(name)
 
     async def ingest_http(self, pod: Pod, body: bytes, content_type: str) -> int:
-        """``POST /admin/kv-events``: batches in vLLM's schema as msgpack or JSON."""
+        """``POST /admin/kv-events``: batches in vLLM's schema as msgpack or JSON.
+
+        Sibling workers get the body too: an HTTP post reaches one worker only."""
+        applied = await self.apply_http_events(pod, body, content_type)
+        if self.peers is not None:
+            self.peers.events_posted(pod.name, body, content_type)
+        return applied
+
+    async def apply_http_events(self, pod: Pod, body: bytes, content_type: str) -> int:
+        """Apply one ``/admin/kv-events`` body to this worker's index."""
         batches = decode_http_events(body, content_type)
         sub = self._subscribers.get(pod.name)
         # One engine-hash map per pod, whichever way its events arrive.
@@ -296,6 +326,12 @@ class KvIndex:
         for batch in batches:
             applied += await ingestor.apply_batch(batch, batch.dp_rank or 0)
         return applied
+
+    def history_replayed(self, pod: str) -> bool | None:
+        """Whether ``pod``'s KV-event history has been replayed since we started
+        following it (``index.warm_start``); None: its events are not followed."""
+        sub = self._subscribers.get(pod)
+        return None if sub is None else sub.warmed.is_set()
 
     def subscriber_stats(self) -> dict[str, Any]:
         return {name: sub.stats for name, sub in self._subscribers.items()}
@@ -332,6 +368,19 @@ def lora_of(model: str, pods: list[Pod]) -> tuple[str, str | None]:
         if parent is not None:
             return parent, model
     return model, None
+
+
+class IndexPeers(Protocol):
+    """Sibling worker processes of this gateway (``gateway.siblings``)."""
+
+    def drain(self) -> None:
+        """Apply what the siblings published since the last call (speculations)."""
+
+    def speculated(self, pod: str, keys: Sequence[int]) -> None:
+        """This worker recorded a speculation the siblings' indexes need too."""
+
+    def events_posted(self, pod: str, body: bytes, content_type: str) -> None:
+        """This worker applied an HTTP event body the siblings must apply too."""
 
 
 def _base_model(pod: Pod) -> str | None:

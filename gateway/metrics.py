@@ -85,11 +85,16 @@ class GatewayMetrics:
                 "Requests dispatched to the pod and not yet finished.",
                 ["pod"],
                 registry=registry,
+                multiprocess_mode="livesum",  # --workers: the host's requests
             )
         )
         self.pod_healthy = CachedLabels(
             Gauge(
-                "kvgate_pod_healthy", "1 when the pod is in rotation.", ["pod"], registry=registry
+                "kvgate_pod_healthy",
+                "1 when the pod is in rotation.",
+                ["pod"],
+                registry=registry,
+                multiprocess_mode="livemax",  # --workers: each worker probes; up anywhere
             )
         )
         self.pod_ejections = CachedLabels(

@@ -5,10 +5,18 @@ builds it). Both sockets belong to one uvicorn server, which hands each connecti
 ``ByListener``: a request that arrived on the admin socket goes to the admin app, any
 other to the serving app. So nothing a client sends to the serving port can reach an
 admin route, whatever its path or headers.
+
+With ``workers`` > 1 (``kvgate serve --workers N``) the supervisor in
+``gateway.workers`` forks N such servers: each has its own ``SO_REUSEPORT`` serving
+socket and all serve the one admin socket; every response carries
+``x-kvgate-worker`` (which worker answered). ``workers`` 1 is the single process
+exactly as without it.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import socket
 from typing import Any
 
@@ -17,6 +25,9 @@ import uvicorn
 from gateway.app import create_app
 from gateway.config import Settings
 from gateway.http_limits import guarded_protocol
+from gateway.workers import Supervisor, WorkerContext, default_workers, reuseport_socket
+
+log = logging.getLogger("kvgate.server")
 
 ASGIApp = Any  # (scope, receive, send) -> awaitable
 
@@ -66,8 +77,33 @@ def uvicorn_config(settings: Settings, app: ASGIApp) -> uvicorn.Config:
     )
 
 
+class WorkerHeader:
+    """ASGI app: ``app``, with ``x-kvgate-worker: <index>`` on every HTTP response."""
+
+    def __init__(self, app: ASGIApp, index: int) -> None:
+        self.app = app
+        self.header = (b"x-kvgate-worker", str(index).encode())
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def tagged(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, tagged)
+
+
 def serve(settings: Settings) -> None:
-    """Run the gateway until SIGINT/SIGTERM."""
+    """Run the gateway until SIGINT/SIGTERM: one process, or a supervisor and its
+    ``settings.workers`` worker processes (None: one per core)."""
+    count = settings.workers if settings.workers is not None else default_workers()
+    if count > 1:
+        serve_workers(settings, count)
+        return
     serving = create_app(settings)
     sockets = [bind(settings.host, settings.port)]
     admin_port = None
@@ -76,3 +112,43 @@ def serve(settings: Settings) -> None:
         admin_port = sockets[-1].getsockname()[1]
     app = ByListener(serving, serving.state.admin_app, admin_port)
     uvicorn.Server(uvicorn_config(settings, app)).run(sockets=sockets)
+
+
+def serve_workers(settings: Settings, count: int) -> None:
+    """The supervisor: reserve the ports, fork ``count`` workers, run until a signal."""
+    reserved = reuseport_socket(settings.host, settings.port, listen=False)
+    port = reserved.getsockname()[1]
+    admin_sock, admin_port = None, None
+    if settings.admin.port is not None:
+        admin_sock = bind(settings.admin.host, settings.admin.port)
+        admin_port = admin_sock.getsockname()[1]
+
+    def run_worker(ctx: WorkerContext) -> int:
+        reserved.close()
+        use_multiprocess_metrics(ctx.metrics_dir)
+        sockets = [reuseport_socket(settings.host, port, listen=True)]
+        if admin_sock is not None:
+            sockets.append(admin_sock)
+        serving = create_app(settings, ctx)
+        app = WorkerHeader(ByListener(serving, serving.state.admin_app, admin_port), ctx.index)
+        uvicorn.Server(uvicorn_config(settings, app)).run(sockets=sockets)
+        return 0
+
+    so = settings.scale_out
+    supervisor = Supervisor(
+        count, run_worker, load_capacity=so.worker_load_pods, bus_bytes=so.worker_bus_bytes
+    )
+    log.info("kvgate: %d workers on port %d", count, port)
+    code = supervisor.run()
+    reserved.close()
+    if code:
+        raise SystemExit(code)
+
+
+def use_multiprocess_metrics(directory: str) -> None:
+    """Metrics created from now on write to a file per process in ``directory``
+    (Prometheus's multiprocess mode), so ``/metrics`` on any worker sums them all."""
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+    from prometheus_client import values
+
+    values.ValueClass = values.MultiProcessValue()

@@ -38,7 +38,10 @@ class StoreMetrics:
             registry=registry,
         )
         self.keys = Gauge(
-            "kvgate_index_keys", "Distinct block keys held by the index", registry=registry
+            "kvgate_index_keys",
+            "Distinct block keys held by the index",
+            registry=registry,
+            multiprocess_mode="livemax",  # --workers: every worker holds the same index
         )
         self.ops = Counter(
             "kvgate_index_ops", "Index operations by kind", ["op"], registry=registry

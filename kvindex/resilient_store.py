@@ -50,7 +50,10 @@ class ResilientMetrics:
             "kvgate_index_fallbacks", "Lookups served by the local index view", registry=registry
         )
         self.redis_up = Gauge(
-            "kvgate_index_redis_up", "1 while lookups are served by Redis", registry=registry
+            "kvgate_index_redis_up",
+            "1 while lookups are served by Redis",
+            registry=registry,
+            multiprocess_mode="livemin",  # --workers: 0 if any worker is on its local view
         )
         self.redis_up.set(1)
 

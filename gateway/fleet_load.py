@@ -1,0 +1,226 @@
+"""Fleet-wide in-flight load: every replica's counts per pod, shared through Redis.
+
+A replica counts only what it dispatched itself; with N replicas behind a Service
+each sees about 1/N of every pod's load, so a cache-aware strategy piles onto the
+pod holding a prefix N times over before it spills. With a Redis index every replica
+(one process, or the worker 0 of a ``--workers`` host, speaking for all its workers)
+keeps one field of the namespace's hash ``{kvgate:<ns>}:load``: its in-flight,
+prefilling-token and prefilling counts per pod (busy pods only; an idle replica has no
+field), behind a deadline ``load_lease_s`` ahead on the Redis server's clock. Every
+``load_interval_s`` one script call writes the field and returns every other replica's
+field whose deadline has not passed (and deletes those long dead), so:
+
+* the cost is one round trip per replica per interval, whatever the request rate,
+  nothing on a request's path (``others`` reads a local copy);
+* a replica's counts reach the others within about two intervals plus a round trip
+  (its publish, then their read: ``kvgate bench shared-load`` measures it);
+* a replica that dies stops counting within ``load_lease_s``; a Redis outage leaves
+  each replica on its own counts once the last answer is older than the lease.
+
+Routing adds these counts to its own (``routing.load.CombinedLoad``; with workers,
+the host's shared table holds them), and the cost model subtracts the fleet's
+in-flight requests from the pod's scraped ``vllm:num_requests_waiting``, so vLLM's
+own queue gauges count only what no replica knows about.
+
+Pods are named by ``host_load.pod_key`` (63 bits of xxh3): short fields, the same
+key in every replica and in the host table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from redis.exceptions import NoScriptError, RedisError
+
+from gateway.host_load import pod_key
+from kvindex.redis_store import RedisStore
+from routing.load import PodLoad
+
+log = logging.getLogger("kvgate.fleet_load")
+
+# KEYS[1] the hash; ARGV: this replica's field, its counts ("" when idle), lease ms.
+# Returns the other live replicas' [field, counts, ...].
+EXCHANGE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease = tonumber(ARGV[3])
+if ARGV[2] == '' then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+else
+  redis.call('HSET', KEYS[1], ARGV[1], (now + lease) .. '|' .. ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], lease * 10)
+end
+local all = redis.call('HGETALL', KEYS[1])
+local out = {}
+for i = 1, #all, 2 do
+  if all[i] ~= ARGV[1] then
+    local v = all[i + 1]
+    local bar = string.find(v, '|', 1, true)
+    local deadline = bar and tonumber(string.sub(v, 1, bar - 1)) or 0
+    if deadline >= now then
+      out[#out + 1] = all[i]
+      out[#out + 1] = string.sub(v, bar + 1)
+    elseif deadline + lease * 10 < now then
+      redis.call('HDEL', KEYS[1], all[i])
+    end
+  end
+end
+return out
+"""
+_SHA = hashlib.sha1(EXCHANGE.encode()).hexdigest()
+MAX_PODS_PER_REPLICA = 4096
+
+
+def encode_counts(loads: Mapping[int, PodLoad]) -> str:
+    """``<key hex>:<in_flight>,<prefill_tokens>,<prefilling>;...`` of busy pods."""
+    return ";".join(
+        f"{key:x}:{v.in_flight},{v.prefill_tokens},{v.prefilling}"
+        for key, v in loads.items()
+        if not v.idle
+    )
+
+
+def decode_counts(text: str, into: dict[int, PodLoad], max_pods: int) -> None:
+    """Add one replica's counts into ``into`` (malformed entries are skipped)."""
+    for n, entry in enumerate(text.split(";")):
+        if n >= max_pods:
+            return
+        key, _, counts = entry.partition(":")
+        try:
+            a, b, c = (int(x) for x in counts.split(","))
+            k = int(key, 16)
+        except ValueError:
+            continue
+        into[k] = into.get(k, PodLoad()).plus(PodLoad(max(0, a), max(0, b), max(0, c)))
+
+
+class RemoteLoad:
+    """The other replicas' counts as last heard: a ``routing.load.LoadSource``."""
+
+    def __init__(self, max_age_s: float) -> None:
+        self.max_age_s = max_age_s
+        self._loads: dict[int, PodLoad] = {}
+        self._as_of = 0.0
+
+    def update(self, loads: dict[int, PodLoad]) -> None:
+        self._loads = loads
+        self._as_of = time.monotonic()
+
+    def others(self, pod: str) -> PodLoad | None:
+        if not self._loads or time.monotonic() - self._as_of > self.max_age_s:
+            return None
+        return self._loads.get(pod_key(pod))
+
+    def __len__(self) -> int:
+        return len(self._loads)
+
+
+class FleetLoadMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.replicas = Gauge(
+            "kvgate_fleet_load_replicas",
+            "Other gateway replicas whose in-flight counts routing adds to its own",
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
+        self.errors = Counter(
+            "kvgate_fleet_load_errors", "Failed exchanges of in-flight counts", registry=registry
+        )
+        self.exchange = Histogram(
+            "kvgate_fleet_load_exchange_seconds",
+            "One exchange of in-flight counts with Redis (publish ours, read the others')",
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25),
+            registry=registry,
+        )
+
+
+class FleetLoadExchange:
+    """Publishes this replica's counts and reads the others', every ``interval_s``."""
+
+    def __init__(
+        self,
+        redis: RedisStore,
+        replica_id: str,
+        own: Callable[[], Mapping[int, PodLoad]],
+        sink: Callable[[dict[int, PodLoad]], None],
+        *,
+        interval_s: float = 0.05,
+        lease_s: float = 1.0,
+        max_replicas: int = 256,
+        metrics: FleetLoadMetrics | None = None,
+    ) -> None:
+        self.redis = redis
+        self.metrics = metrics
+        self.key = redis.root + "load"
+        self.replica_id = replica_id
+        self._own = own
+        self._sink = sink
+        self.interval_s = interval_s
+        self.lease_ms = max(1, int(lease_s * 1000))
+        self.max_replicas = max_replicas
+        self._task: asyncio.Task[None] | None = None
+        self.exchanges = 0
+        self.errors = 0
+        self.replicas = 0  # other live replicas at the last exchange
+        self.last_rtt_s = 0.0
+        self._last_ok = 0.0
+
+    async def exchange(self) -> dict[int, PodLoad]:
+        """One round trip: publish ours, return the others' summed per pod."""
+        counts = encode_counts(self._own())
+        started = time.perf_counter()
+        reply = await self.redis.on_namespace(lambda r: self._call(r, counts))
+        self.last_rtt_s = time.perf_counter() - started
+        others: dict[int, PodLoad] = {}
+        fields = reply[1::2][: self.max_replicas]
+        for value in fields:
+            decode_counts(value.decode() if isinstance(value, bytes) else value, others,
+                          MAX_PODS_PER_REPLICA)  # fmt: skip
+        self.replicas = len(fields)
+        self.exchanges += 1
+        if self.metrics is not None:
+            self.metrics.replicas.set(self.replicas)
+            self.metrics.exchange.observe(self.last_rtt_s)
+        return others
+
+    async def _call(self, r: object, counts: str) -> list[bytes]:
+        args = (self.key, self.replica_id, counts, self.lease_ms)
+        try:
+            return await r.evalsha(_SHA, 1, *args)  # type: ignore[attr-defined]
+        except NoScriptError:
+            await r.script_load(EXCHANGE)  # type: ignore[attr-defined]
+            return await r.evalsha(_SHA, 1, *args)  # type: ignore[attr-defined]
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                self._sink(await self.exchange())
+                self._last_ok = time.monotonic()
+            except (TimeoutError, RedisError, OSError) as exc:
+                self.errors += 1
+                if self.metrics is not None:
+                    self.metrics.errors.inc()
+                if time.monotonic() - self._last_ok > self.lease_ms / 1000:
+                    self._sink({})  # the others' counts are too old to route on
+                log.debug("fleet load exchange failed: %r", exc)
+            await asyncio.sleep(self.interval_s)
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="kvgate-fleet-load")
+
+    async def stop(self) -> None:
+        """Stop, and take this replica's field out (its requests end with it)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        with contextlib.suppress(RedisError, OSError, asyncio.TimeoutError):
+            await self.redis.on_namespace(lambda r: r.hdel(self.key, self.replica_id))

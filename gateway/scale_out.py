@@ -1,0 +1,121 @@
+"""What makes one gateway process one router among several (wired by ``gateway.state``).
+
+* ``--workers N`` (``worker`` given): load is counted in and read from the host's
+  shared table (``gateway.host_load``); speculation (memory index) and posted KV
+  events go to the sibling workers (``gateway.siblings``); worker 0 alone writes KV
+  events to a Redis index and exchanges the host's load with the other replicas.
+* a Redis index with ``scale_out.share_load``: the replica's in-flight counts are
+  exchanged with every other replica's (``gateway.fleet_load``) and routing adds the
+  others' to its own.
+* warm start (``gateway.warm_start``): ``/ready`` waits until the start-up pods'
+  event history has been replayed (memory index).
+
+A single process with the memory index (the default ``kvgate serve --workers 1``)
+gets none of it but the warm start: its load view stays the routing core's own
+``LoadTracker``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry
+
+from gateway.config import Settings
+from gateway.fleet_load import FleetLoadExchange, FleetLoadMetrics, RemoteLoad
+from gateway.host_load import pod_key
+from gateway.kv import KvIndex
+from gateway.pods import PodRegistry
+from gateway.siblings import Siblings
+from gateway.warm_start import WarmStart
+from gateway.workers import WorkerContext
+from kvindex.types import Bound
+from routing.core import RoutingCore
+from routing.load import CombinedLoad, LoadTracker, PodLoad
+
+
+@dataclass
+class ScaleOut:
+    """This process's part in a scaled-out router; ``describe`` is for ``/ready``."""
+
+    warm: WarmStart
+    worker: WorkerContext | None = None
+    siblings: Siblings | None = None
+    exchange: FleetLoadExchange | None = None
+
+    def describe(self) -> dict[str, object]:
+        out: dict[str, object] = {"index": self.warm.state}
+        if self.worker is not None:
+            out["worker"] = f"{self.worker.index + 1}/{self.worker.count}"
+        if self.exchange is not None:
+            out["replicas_sharing_load"] = self.exchange.replicas + 1
+        return out
+
+    def bounds(self) -> dict[str, Bound]:
+        return self.siblings.bounds() if self.siblings is not None else {}
+
+    async def start(self, admitted: Iterable[str]) -> None:
+        self.warm.begin(admitted)
+        if self.siblings is not None:
+            await self.siblings.start()
+        if self.exchange is not None:
+            await self.exchange.start()
+
+    async def stop(self) -> None:
+        if self.exchange is not None:
+            await self.exchange.stop()
+            await self.exchange.redis.close()
+        if self.siblings is not None:
+            await self.siblings.stop()
+
+
+def scale_out(
+    settings: Settings,
+    core: RoutingCore,
+    kv: KvIndex,
+    registry: PodRegistry,
+    prometheus: CollectorRegistry,
+    worker: WorkerContext | None,
+) -> ScaleOut:
+    """Plug the shared load view and the siblings into ``core`` and ``kv``."""
+    so = settings.scale_out
+    shared_index = settings.index.backend == "redis"
+    out = ScaleOut(WarmStart(kv, shared_index), worker)
+    sink = None
+    own = None
+    if worker is not None:
+        table = worker.load
+        core.set_load(table.view(worker.index, remote_max_age_s=so.load_lease_s))
+        out.siblings = Siblings(
+            worker.bus.endpoint(worker.index), kv, registry,
+            share_speculation=not shared_index,
+            speculative_ttl_s=settings.index.speculative_ttl_s,
+        )  # fmt: skip
+        kv.peers = out.siblings
+        if worker.publishes_fleet_load:
+            own, sink = table.host_totals, table.set_remote
+    elif shared_index and so.share_load:
+        tracker = core.load
+        assert isinstance(tracker, LoadTracker)
+        remote = RemoteLoad(max_age_s=so.load_lease_s)
+        core.set_load(CombinedLoad(tracker, {"fleet": remote}))
+
+        def own_counts() -> dict[int, PodLoad]:
+            return {pod_key(pod): load for pod, load in tracker.snapshot().items()}
+
+        own, sink = own_counts, remote.update
+    if shared_index and so.share_load and own is not None and sink is not None:
+        from kvindex.redis_store import RedisStore
+
+        idx = settings.index
+        assert idx.redis_url is not None
+        redis = RedisStore(idx.redis_url, namespace=idx.namespace, cluster=idx.redis_cluster)
+        replica = worker.host_id if worker is not None else secrets.token_hex(6)
+        out.exchange = FleetLoadExchange(
+            redis, replica, own, sink,
+            interval_s=so.load_interval_s, lease_s=so.load_lease_s,
+            max_replicas=so.max_replicas, metrics=FleetLoadMetrics(prometheus),
+        )  # fmt: skip
+    return out

@@ -1,0 +1,184 @@
+"""A worker's side of what the workers of one host tell each other (``--workers N``).
+
+Every worker follows every pod's ZMQ events itself, so their indexes agree without
+help. Two things reach one worker only and go on its ring of the host bus
+(``gateway.host_bus``) for the others:
+
+* the speculative L0 entries of its dispatches (memory index only: with Redis they
+  are in Redis already), so that a burst of one new prompt, spread over the workers
+  by the kernel, waits for the pod that is prefilling it instead of prefilling it
+  again elsewhere;
+* KV-event bodies posted to its admin listener (``/admin/kv-events``): every worker
+  applies them, in order, to its own index.
+
+Siblings' messages are read before every index lookup (``drain``) and every
+``DRAIN_EVERY_S`` in the background. A speculation carries its deadline on the
+host's monotonic clock, so a late reader keeps it only for what is left.
+
+With a Redis index only worker 0 writes KV events to Redis (``EventsWrittenElsewhere``
+wraps the others' Redis store): the same events from every worker would be the same
+writes N times over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.host_bus import BusEndpoint
+from gateway.kv import KvIndex
+from gateway.pods import PodRegistry
+from kvindex.types import Bound
+
+log = logging.getLogger("kvgate.siblings")
+
+SPECULATE = 1
+HTTP_EVENTS = 2
+DRAIN_EVERY_S = 0.01
+MAX_QUEUED_BODIES = 256  # posted event bodies waiting to be applied here
+_SPEC_HEAD = struct.Struct("<dH")  # deadline (monotonic s), pod name length
+_EVENTS_HEAD = struct.Struct("<HH")  # pod name length, content type length
+
+
+def encode_speculation(pod: str, keys: Sequence[int], deadline: float) -> bytes:
+    name = pod.encode()
+    return _SPEC_HEAD.pack(deadline, len(name)) + name + struct.pack(f"={len(keys)}Q", *keys)
+
+
+def decode_speculation(payload: bytes) -> tuple[str, list[int], float]:
+    deadline, n = _SPEC_HEAD.unpack_from(payload)
+    at = _SPEC_HEAD.size
+    pod = payload[at : at + n].decode()
+    keys = memoryview(payload[at + n :]).cast("Q").tolist()
+    return pod, keys, deadline
+
+
+def encode_events(pod: str, body: bytes, content_type: str) -> bytes:
+    name, ctype = pod.encode(), content_type.encode()
+    return _EVENTS_HEAD.pack(len(name), len(ctype)) + name + ctype + body
+
+
+def decode_events(payload: bytes) -> tuple[str, bytes, str]:
+    n, c = _EVENTS_HEAD.unpack_from(payload)
+    at = _EVENTS_HEAD.size
+    pod, content_type = payload[at : at + n].decode(), payload[at + n : at + n + c].decode()
+    return pod, payload[at + n + c :], content_type
+
+
+class Siblings:
+    """``KvIndex.peers`` of one worker: publish what the others need, apply theirs."""
+
+    def __init__(
+        self,
+        endpoint: BusEndpoint,
+        kv: KvIndex,
+        registry: PodRegistry,
+        *,
+        share_speculation: bool,
+        speculative_ttl_s: float,
+    ) -> None:
+        self.endpoint = endpoint
+        self._kv = kv
+        self._registry = registry
+        self._share_speculation = share_speculation
+        self._ttl_s = speculative_ttl_s
+        self._bodies: asyncio.Queue[tuple[str, bytes, str]] = asyncio.Queue(MAX_QUEUED_BODIES)
+        self._tasks: list[asyncio.Task[None]] = []
+        self.bodies_dropped = 0  # queue full, or the pod unknown here
+        endpoint.on(SPECULATE, self._on_speculation)
+        endpoint.on(HTTP_EVENTS, self._on_events)
+
+    # -- IndexPeers ---------------------------------------------------------------------
+
+    def drain(self) -> None:
+        self.endpoint.drain()
+
+    def speculated(self, pod: str, keys: Sequence[int]) -> None:
+        if self._share_speculation and keys:
+            deadline = time.monotonic() + self._ttl_s
+            self.endpoint.publish(SPECULATE, encode_speculation(pod, keys, deadline))
+
+    def events_posted(self, pod: str, body: bytes, content_type: str) -> None:
+        if not self.endpoint.publish(HTTP_EVENTS, encode_events(pod, body, content_type)):
+            log.warning("KV events posted for %s did not reach the sibling workers", pod)
+
+    # -- the siblings' messages ---------------------------------------------------------
+
+    def _on_speculation(self, sender: int, payload: bytes) -> None:
+        pod, keys, deadline = decode_speculation(payload)
+        left = deadline - time.monotonic()
+        if left > 0:
+            pending = self._kv.store.speculate_nowait(pod, keys, left)
+            if pending is not None:  # a shared store: the sender wrote it there already
+                pending.close()
+
+    def _on_events(self, sender: int, payload: bytes) -> None:
+        try:
+            self._bodies.put_nowait(decode_events(payload))
+        except asyncio.QueueFull:
+            self.bodies_dropped += 1
+
+    async def _apply_bodies(self) -> None:
+        while True:
+            name, body, content_type = await self._bodies.get()
+            pod = self._registry.get(name)
+            if pod is None:
+                self.bodies_dropped += 1
+                continue
+            try:
+                await self._kv.apply_http_events(pod, body, content_type)
+            except Exception as exc:  # noqa: BLE001  (the sender validated it; log, go on)
+                log.warning("sibling's KV events for %s not applied: %r", name, exc)
+
+    async def _drain_forever(self) -> None:
+        while True:
+            await asyncio.sleep(DRAIN_EVERY_S)
+            try:
+                self.endpoint.drain()
+            except Exception:  # a bug here must not stop the siblings' messages
+                log.exception("draining the sibling workers' messages failed")
+
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._drain_forever(), name="kvgate-siblings"),
+            asyncio.create_task(self._apply_bodies(), name="kvgate-sibling-events"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    def bounds(self) -> dict[str, Bound]:
+        ring = self.endpoint.bus.ring_bytes
+        return {
+            "siblings.bodies_queued": Bound(
+                self._bodies.qsize(), MAX_QUEUED_BODIES, "bodies", ring // 2
+            ),  # fmt: skip
+        }
+
+
+class EventsWrittenElsewhere:
+    """A ``RedisStore`` whose KV-event writes another worker of the host makes: here
+    ``apply`` and ``drop_pod`` do nothing (the local view still takes them, in
+    ``ResilientStore``); lookups, speculation and the rest go through."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def apply(self, pod: str, ops: Sequence[Any]) -> None:
+        return None
+
+    async def drop_pod(self, pod: str) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)

@@ -1,0 +1,224 @@
+"""Worker processes and gateway replicas routing as one (``kvgate serve --workers N``,
+Redis-shared load, warm start), as real processes in front of simulated pods."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench.gateway_proc import run_gateway
+from bench.polling import wait_for
+from bench.ports import free_port
+from bench.prompts import text_of_tokens
+from bench.redis_server import RedisServer
+from bench.sim.launch import sim_fleet
+from bench.tinymodel import ensure_tokenizer
+
+MODEL = "kvgate-tiny-llama"
+BLOCK = 32
+
+
+def _spec(pod, events: bool = True) -> str:
+    if not events:
+        return pod.url
+    return f"{pod.url},events={pod.events_endpoint},replay={pod.replay_endpoint}"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    model = {"block_size": BLOCK, "tokenizer": str(ensure_tokenizer())}
+    return {"KVGATE_MODELS": json.dumps({MODEL: model}), "KVGATE_EXPOSE_PREDICTIONS": "true",
+            **extra}  # fmt: skip
+
+
+def _chat(base: str, system: str, question: str, **body) -> httpx.Response:
+    """One request on a connection of its own (as from a new client)."""
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+    with httpx.Client(timeout=30) as client:
+        body = {"model": MODEL, "messages": messages, "max_tokens": 2, **body}
+        r = client.post(f"{base}/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def _lookup(gw, system: str) -> str | None:
+    """The pod the index says holds the most of ``system``'s prompt (admin lookup)."""
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "seed"}]
+    r = httpx.post(f"{gw.admin}/admin/index/lookup", json={"model": MODEL, "messages": messages})
+    pods = r.json()["pods"]
+    return max(pods, key=lambda p: pods[p]["l0_blocks"]) if pods else None
+
+
+def _routed(r: httpx.Response) -> tuple[str, int]:
+    return r.headers["x-kvgate-pod"], int(r.headers["x-kvgate-predicted-cached-tokens"])
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    with sim_fleet(2, kv_events=True, block_size=BLOCK, itl_s=0.001, default_max_tokens=2) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def system_prompt() -> str:
+    return text_of_tokens(700, seed=11, tokenizer_dir=ensure_tokenizer())
+
+
+# -- --workers N ---------------------------------------------------------------------------
+
+
+def test_two_workers_agree_on_where_a_cached_prefix_is(fleet, system_prompt):
+    with run_gateway([(p.name, _spec(p)) for p in fleet], strategy="kv-aware", env=_env(),
+                     workers=2) as gw:  # fmt: skip
+        holder, _ = _routed(_chat(gw, system_prompt, "first"))
+        wait_for(lambda: _routed(_chat(gw, system_prompt, "probe"))[1] >= 640, 10,
+                 what="the prompt's events to reach the index")  # fmt: skip
+
+        answers = []
+        for i in range(16):  # new connections: the kernel spreads them over both workers
+            r = _chat(gw, system_prompt, f"question {i}")
+            answers.append((r.headers["x-kvgate-worker"], *_routed(r)))
+
+    assert {worker for worker, _, _ in answers} == {"0", "1"}
+    assert {(pod, cached >= 640) for _, pod, cached in answers} == {(holder, True)}
+
+
+def test_events_posted_to_one_worker_reach_every_worker(fleet):
+    pods = [(p.name, _spec(p, events=False)) for p in fleet]  # no ZMQ: HTTP events only
+    tokens = list(range(1000, 1000 + 3 * BLOCK + 5))
+    batch = [time.time(), [{"type": "BlockStored", "block_hashes": [21, 22, 23],
+             "parent_block_hash": None, "token_ids": tokens[: 3 * BLOCK], "block_size": BLOCK,
+             "lora_id": None, "medium": "GPU", "lora_name": None}], None]  # fmt: skip
+    with run_gateway(pods, strategy="kv-aware", env=_env(), workers=2) as gw:
+        r = httpx.post(
+            f"{gw.admin}/admin/kv-events?pod={fleet[1].name}",
+            content=json.dumps(batch),
+            headers={"content-type": "application/json"},
+        )
+        assert r.status_code == 200
+
+        answers = set()
+        for _ in range(16):
+            with httpx.Client(timeout=30) as client:
+                body = {"model": MODEL, "prompt": tokens, "max_tokens": 1}
+                r = client.post(f"{gw}/v1/completions", json=body)
+            answers.add((r.headers["x-kvgate-worker"], *_routed(r)))
+
+    assert answers == {("0", fleet[1].name, 3 * BLOCK), ("1", fleet[1].name, 3 * BLOCK)}
+
+
+def _children(pid: int) -> set[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return {int(c) for c in text.split()}
+
+
+def test_a_worker_that_dies_is_replaced_and_the_port_keeps_serving(fleet, system_prompt):
+    with run_gateway([(p.name, _spec(p)) for p in fleet], strategy="kv-aware", env=_env(),
+                     workers=2) as gw:  # fmt: skip
+        workers = _children(gw.pid)
+        assert len(workers) == 2
+        victim = min(workers)
+        os.kill(victim, signal.SIGKILL)
+
+        _chat(gw, system_prompt, "while one worker is gone")  # the other takes the port
+        replaced = wait_for(lambda: len(c := _children(gw.pid)) == 2 and victim not in c and c,
+                            20, what="the supervisor to start a new worker")  # fmt: skip
+        wait_for(lambda: httpx.get(f"{gw}/ready", timeout=2).status_code == 200, 20,
+                 what="the gateway to be ready")  # fmt: skip
+        served = {_chat(gw, system_prompt, f"after {i}").headers["x-kvgate-worker"]
+                  for i in range(16)}  # fmt: skip
+        metrics = httpx.get(f"{gw}/metrics").text
+
+    assert len(replaced) == 2 and served == {"0", "1"}
+    in_flight = [line for line in metrics.splitlines()
+                 if line.startswith("kvgate_pod_in_flight_requests{")]  # fmt: skip
+    assert in_flight and all(line.endswith(" 0.0") for line in in_flight)
+
+
+# -- replicas sharing load through Redis --------------------------------------------------
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("share", [True, False], ids=["shared-load", "unshared"])
+def test_a_replica_sees_the_pods_another_replica_keeps_busy(private_redis: RedisServer, share):
+    """Least-loaded on two replicas whose scraped engine gauges are stale (no probe
+    after start): only the shared counts tell replica B that A keeps sim-0 busy."""
+    env = _env(KVGATE_INDEX__BACKEND="redis", KVGATE_INDEX__REDIS_URL=private_redis.url,
+               KVGATE_SCALE_OUT__SHARE_LOAD=str(share).lower(),
+               KVGATE_HEALTH__INTERVAL_S="600")  # fmt: skip
+    with sim_fleet(2, block_size=BLOCK, itl_s=0.05, default_max_tokens=60) as pods:
+        specs = [(p.name, p.url) for p in pods]
+        with (
+            run_gateway(specs, strategy="least-loaded", env=env) as a,
+            run_gateway(specs, strategy="least-loaded", env=env) as b,
+            httpx.Client(timeout=30) as client,
+        ):
+            body = {"model": MODEL, "prompt": "hello", "stream": True}
+            with client.stream("POST", f"{a}/v1/completions", json=body) as held:
+                assert held.headers["x-kvgate-pod"] == pods[0].name  # ties go to sim-0
+                time.sleep(0.3)  # a few exchange intervals
+                r = client.post(f"{b}/v1/completions", json={**body, "stream": False,
+                                                               "max_tokens": 1})  # fmt: skip
+                held.read()
+
+    assert r.headers["x-kvgate-pod"] == (pods[1].name if share else pods[0].name)
+
+
+# -- warm start ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
+def test_a_replica_restarted_under_load_routes_cache_hits_within_2s_of_ready(backend, request):
+    """Four pods; prompts cached on them; the gateway restarts while one pod is kept
+    busy (its events flow) and the others sit idle (theirs do not). Right after the new
+    process says ready, every cached prompt goes to the pod holding it, as a hit."""
+    env = _env()
+    if backend == "redis":
+        redis: RedisServer = request.getfixturevalue("private_redis")
+        env |= {"KVGATE_INDEX__BACKEND": "redis", "KVGATE_INDEX__REDIS_URL": redis.url}
+    tok = ensure_tokenizer()
+    prompts = [text_of_tokens(600, seed=100 + i, tokenizer_dir=tok) for i in range(6)]
+    with sim_fleet(4, kv_events=True, block_size=BLOCK, itl_s=0.001, default_max_tokens=2,
+                   l0_capacity_blocks=4096) as pods:  # fmt: skip
+        specs = [(p.name, _spec(p)) for p in pods]
+        port = free_port()
+        holders = [pods[i % len(pods)].name for i in range(len(prompts))]
+        with run_gateway(specs, strategy="kv-aware", env=env, port=port) as gw:
+            for i, prompt in enumerate(prompts):  # cached where we put them: every pod
+                _chat(pods[i % len(pods)].url, prompt, "seed")
+            wait_for(lambda: [_lookup(gw, p) for p in prompts] == holders, 10,
+                     what="every prompt's events in the index")  # fmt: skip
+
+        stop = threading.Event()
+
+        def keep_busy() -> None:  # the load: other prompts straight to one pod
+            n = 0
+            with httpx.Client(timeout=30) as client:
+                while not stop.is_set():
+                    n += 1
+                    client.post(f"{pods[0].url}/v1/chat/completions", json={
+                        "model": MODEL, "max_tokens": 2,
+                        "messages": [{"role": "user", "content": f"busy {n} " * 40}]})  # fmt: skip
+
+        busy = threading.Thread(target=keep_busy, daemon=True)
+        busy.start()
+        try:
+            with run_gateway(specs, strategy="kv-aware", env=env, port=port) as gw:
+                ready_at = time.monotonic()
+                state = httpx.get(f"{gw}/ready").json()["index"]
+                routed = [_routed(_chat(gw, p, "after restart")) for p in prompts]
+                elapsed = time.monotonic() - ready_at
+        finally:
+            stop.set()
+            busy.join(10)
+
+    assert state == ("warm" if backend == "memory" else "shared")
+    assert elapsed < 2.0
+    assert [pod for pod, _ in routed] == holders
+    assert all(cached >= 512 for _, cached in routed)
