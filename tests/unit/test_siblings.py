@@ -1,0 +1,114 @@
+"""What one worker tells its siblings: its speculations (memory index) reach their
+indexes, with what is left of the TTL; with Redis they are not sent (Redis has them)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gateway.config import PodConfig, Settings
+from gateway.host_bus import HostBus
+from gateway.kv import KvIndex
+from gateway.metrics import GatewayMetrics
+from gateway.pods import PodRegistry
+from gateway.siblings import (
+    EventsWrittenElsewhere,
+    Siblings,
+    decode_events,
+    decode_speculation,
+    encode_events,
+    encode_speculation,
+)
+from kvindex.store import Stored
+from kvindex.types import PodPrefix, Tier
+
+KEYS = [0xAB00 + i for i in range(8)]
+
+
+def test_messages_round_trip():
+    assert decode_speculation(encode_speculation("pod-é", KEYS, 12.5)) == ("pod-é", KEYS, 12.5)
+    body = b"[1.0, [], null]"
+    assert decode_events(encode_events("p", body, "application/json")) == (
+        "p", body, "application/json")  # fmt: skip
+
+
+@pytest.fixture
+async def workers():
+    """Two workers' indexes and siblings, over one bus, in this process."""
+    bus = HostBus(workers=2, ring_bytes=64 * 1024)
+    settings = Settings(pods=[PodConfig(name="p", url="http://127.0.0.1:9", models=["m"])])
+    made = []
+    async with httpx.AsyncClient() as client:
+        for i in range(2):
+            prom = CollectorRegistry()
+            kv = KvIndex(settings, prom, client)
+            registry = PodRegistry(settings.pods, client, settings.health, GatewayMetrics(prom))
+            sib = Siblings(bus.endpoint(i), kv, registry, share_speculation=True,
+                           speculative_ttl_s=settings.index.speculative_ttl_s)  # fmt: skip
+            kv.peers = sib
+            made.append(kv)
+        yield made
+        for kv in made:
+            await kv.close()
+
+
+async def test_a_speculation_by_one_worker_is_in_the_others_index_at_its_next_lookup(workers):
+    a, b = workers
+    a.speculate("pod-x", KEYS[:5])
+    b.peers.drain()  # what KvIndex.lookup does first
+
+    match = await b.store.match(KEYS, 16)
+    assert match.pods == {"pod-x": PodPrefix(5, 5)}
+
+
+async def test_a_speculation_drained_after_its_ttl_is_dropped(workers):
+    a, b = workers
+    a.peers.endpoint.publish(1, encode_speculation("pod-x", KEYS, time.monotonic() - 0.01))
+    b.peers.drain()
+    assert (await b.store.match(KEYS, 16)).pods == {}
+
+
+async def test_a_posted_event_body_is_applied_by_the_sibling_too(workers):
+    a, b = workers
+    tokens = list(range(100, 132))
+    body = (b'[1.0, [{"type": "BlockStored", "block_hashes": [5, 6], "parent_block_hash": null,'
+            b' "token_ids": ' + str(tokens).encode() + b', "block_size": 16, "lora_id": null,'
+            b' "medium": "GPU", "lora_name": null}], null]')  # fmt: skip
+    pod = a.peers._registry.get("p")
+    assert await a.ingest_http(pod, body, "application/json") >= 1
+    await b.peers.start()
+    try:
+        keys = b.keyer("m").keys_for(tokens, None, None)
+        for _ in range(100):
+            if (await b.store.match(keys, 16)).pods:
+                break
+            await asyncio.sleep(0.01)
+        assert (await b.store.match(keys, 16)).pods == {"p": PodPrefix(2, 2)}
+    finally:
+        await b.peers.stop()
+
+
+async def test_a_worker_that_does_not_write_events_still_writes_speculation():
+    class Recorder:
+        def __init__(self):
+            self.calls = []
+
+        async def apply(self, pod, ops):
+            self.calls.append("apply")
+
+        async def drop_pod(self, pod):
+            self.calls.append("drop_pod")
+
+        async def speculate(self, pod, keys, ttl_s):
+            self.calls.append("speculate")
+
+    inner = Recorder()
+    store = EventsWrittenElsewhere(inner)
+    await store.apply("p", [Stored(Tier.L0, KEYS)])
+    await store.drop_pod("p")
+    await store.speculate("p", KEYS, 1.0)
+    assert inner.calls == ["speculate"]
