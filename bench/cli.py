@@ -35,6 +35,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_des(sub)
     _add_admission(sub)
     _add_soak(sub)
+    _add_shared_load(sub)
+
+
+def _add_shared_load(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "shared-load",
+        help="replicas sharing in-flight load through Redis: cost per request and per "
+        "exchange, and how stale the shared counts are",
+        description="Starts a redis-server on a free loopback port; measures the routing "
+        "core's load work per request (own counts, + other replicas', host table of "
+        "workers), one exchange's round trip with N replicas, and the time from a count "
+        "changing on one replica to another routing on it.",
+    )
+    p.add_argument("--replicas", type=int, default=8)
+    p.add_argument("--pods", type=int, default=16, help="busy pods per replica")
+    p.add_argument("--workers", type=int, default=16, help="workers in the host table")
+    p.add_argument("--interval-s", type=float, default=0.05, help="exchange interval")
+    p.add_argument("--calls", type=int, default=500, help="exchanges timed")
+    p.add_argument("--samples", type=int, default=100, help="staleness samples")
+    p.set_defaults(bench_func=_shared_load)
+
+
+def _shared_load(args: argparse.Namespace) -> int:
+    from bench.shared_load import run_shared_load_bench
+
+    run_shared_load_bench(args.replicas, args.pods, args.workers, args.interval_s, args.calls,
+                          args.samples)  # fmt: skip
+    return 0
 
 
 def _add_admission(sub: argparse._SubParsersAction) -> None:

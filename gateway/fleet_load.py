@@ -107,6 +107,7 @@ class RemoteLoad:
         self.max_age_s = max_age_s
         self._loads: dict[int, PodLoad] = {}
         self._as_of = 0.0
+        self._keys: dict[str, int] = {}  # pod -> pod_key, bounded below
 
     def update(self, loads: dict[int, PodLoad]) -> None:
         self._loads = loads
@@ -115,7 +116,12 @@ class RemoteLoad:
     def others(self, pod: str) -> PodLoad | None:
         if not self._loads or time.monotonic() - self._as_of > self.max_age_s:
             return None
-        return self._loads.get(pod_key(pod))
+        key = self._keys.get(pod)
+        if key is None:
+            if len(self._keys) >= MAX_PODS_PER_REPLICA:
+                self._keys.clear()
+            key = self._keys[pod] = pod_key(pod)
+        return self._loads.get(key)
 
     def __len__(self) -> int:
         return len(self._loads)

@@ -59,6 +59,8 @@ class HostLoadTable:
         self._mm = mmap.mmap(-1, words * 8)  # anonymous, MAP_SHARED: inherited by fork
         self.words = memoryview(self._mm).cast("q")
         self.lock = multiprocessing.get_context("fork").Lock()
+        self._row_counts = struct.Struct(f"={FIELDS * workers}q")  # one row, one C call
+        self._remote_counts = struct.Struct(f"={FIELDS}q")
 
     @property
     def nbytes(self) -> int:
@@ -119,20 +121,28 @@ class HostLoadTable:
 
     def host_load(self, row: int) -> PodLoad:
         """Every worker's counts of ``row`` added up."""
-        w, n = self.words, self.workers
-        base = self._local + row * FIELDS * n
-        return PodLoad(sum(w[base : base + n]), sum(w[base + n : base + 2 * n]),
-                       sum(w[base + 2 * n : base + 3 * n]))  # fmt: skip
+        n = self.workers
+        v = self._row_counts.unpack_from(self._mm, 8 * (self._local + row * FIELDS * n))
+        return PodLoad(sum(v[:n]), sum(v[n : 2 * n]), sum(v[2 * n :]))
+
+    def load(self, row: int, max_age_s: float) -> PodLoad:
+        """``host_load`` plus ``remote_load`` (when fresh), read in two C calls."""
+        n = self.workers
+        v = self._row_counts.unpack_from(self._mm, 8 * (self._local + row * FIELDS * n))
+        a, b, c = sum(v[:n]), sum(v[n : 2 * n]), sum(v[2 * n :])
+        as_of = self.words[self._remote_at]
+        if as_of and time.monotonic_ns() - as_of <= max_age_s * 1e9:
+            ra, rb, rc = self._remote_counts.unpack_from(self._mm, 8 * (self._remote + row * 3))
+            return PodLoad(a + ra, b + rb, c + rc)
+        return PodLoad(a, b, c)
 
     def remote_load(self, row: int, max_age_s: float) -> PodLoad | None:
         """Other replicas' counts of ``row`` as last published, unless older than
         ``max_age_s``."""
-        w = self.words
-        as_of = w[self._remote_at]
+        as_of = self.words[self._remote_at]
         if not as_of or time.monotonic_ns() - as_of > max_age_s * 1e9:
             return None
-        r = self._remote + row * FIELDS
-        return PodLoad(w[r], w[r + 1], w[r + 2])
+        return PodLoad(*self._remote_counts.unpack_from(self._mm, 8 * (self._remote + row * 3)))
 
     def set_remote(self, loads: Mapping[int, PodLoad]) -> None:
         """Replace the other replicas' counts (keyed by ``pod_key``), stamped now."""
@@ -228,9 +238,7 @@ class HostLoad:
         row = self._row(pod)
         if row is None:
             return self._overflow.get(pod)
-        load = self.table.host_load(row)
-        remote = self.table.remote_load(row, self.remote_max_age_s)
-        return load.plus(remote) if remote is not None else load
+        return self.table.load(row, self.remote_max_age_s)
 
     def start(self, pod: str, prefill_tokens: int = 0) -> InFlight:
         row = self._row(pod)
