@@ -75,6 +75,12 @@ class FleetPlan:
     block_size: int = 32
     seed: int = 0
     peer_tiers: list[str] | None = None  # peer routers run on these tier setups only (None: all)
+    # kvgate scaled out: replicas behind one Service (the load generator spreads requests
+    # over them at random), each with ``workers`` processes; with ``redis`` they share
+    # the index and (``share_load``) their in-flight counts.
+    gateways: int = 1
+    workers: int = 1
+    share_load: bool = True
 
 
 @dataclass
@@ -88,6 +94,10 @@ class Cell:
     decision_ms: float | None = None  # kvgate only: tokenize + lookup + choose
     ttfts_ms: list[float] = field(default_factory=list)
     skipped: str = ""
+    gateways: int = 1  # kvgate replicas the requests were spread over
+    per_gateway: list[int] = field(default_factory=list)  # requests each replica served
+    gateway_rss_mib: list[float] = field(default_factory=list)  # each replica's RSS at the end
+    redis_mib: float | None = None  # the shared Redis's used_memory at the end
 
     @property
     def overhead_ms(self) -> float | None:
@@ -173,11 +183,21 @@ def _gateway_env(plan: FleetPlan, redis_url: str | None) -> dict[str, str]:
     return env
 
 
+@dataclass
+class Routers:
+    """The URLs requests are spread over (one unless kvgate is scaled out), their
+    processes, and the shared Redis if any (for the memory columns)."""
+
+    urls: list[str]
+    pids: list[int] = field(default_factory=list)
+    redis_url: str | None = None
+
+
 @contextlib.contextmanager
-def _router(plan: FleetPlan, router: str, pods: list[PodEndpoint]) -> Iterator[str]:
+def _router(plan: FleetPlan, router: str, pods: list[PodEndpoint]) -> Iterator[Routers]:
     if router in PEERS:
         with run_peer(router, pods, plan.model, plan.block_size) as url:
-            yield url
+            yield Routers([url])
         return
     with contextlib.ExitStack() as stack:
         redis_url = None
@@ -186,47 +206,85 @@ def _router(plan: FleetPlan, router: str, pods: list[PodEndpoint]) -> Iterator[s
 
             redis_url = stack.enter_context(running_redis()).url
         named = [(f"pod-{i}", _spec(p)) for i, p in enumerate(pods)]
-        yield stack.enter_context(
-            run_gateway(named, strategy=router, env=_gateway_env(plan, redis_url))
-        )
+        env = _gateway_env(plan, redis_url)
+        gateways = [
+            stack.enter_context(run_gateway(named, strategy=router, env=env, workers=plan.workers))
+            for _ in range(plan.gateways)
+        ]
+        yield Routers(list(gateways), [g.pid for g in gateways], redis_url)
 
 
 def _drive(
-    url: str, plan: FleetPlan, workload: Workload, load: Load, label: str
+    url: str | list[str], plan: FleetPlan, workload: Workload, load: Load, label: str
 ) -> list[RequestResult]:
+    seed = plan.seed
     if workload.timed or load.kind == "trace":
-        coro = run_open_loop(url, plan.model, workload.requests(), label)
+        coro = run_open_loop(url, plan.model, workload.requests(), label, seed)
     elif load.kind == "poisson":
         reqs = poisson_arrivals(workload.requests(), load.value, plan.seed)
-        coro = run_open_loop(url, plan.model, reqs, label)
+        coro = run_open_loop(url, plan.model, reqs, label, seed)
     else:
-        coro = run_closed_loop(url, plan.model, workload.sessions, int(load.value), label)
+        sessions = workload.sessions
+        coro = run_closed_loop(url, plan.model, sessions, int(load.value), label, seed)
     return asyncio.run(coro)
 
 
 def run_cell(plan: FleetPlan, workload: Workload, tier: str, load: Load, router: str) -> Cell:
     """One cell on a fresh fleet; a cell that cannot run comes back with ``skipped`` set."""
-    cell = Cell(workload.name, tier, load.label, router)
+    scaled = router not in PEERS
+    cell = Cell(workload.name, tier, load.label, router, gateways=plan.gateways if scaled else 1)
     with tempfile.TemporaryDirectory(prefix="kvgate-l2-") as l2_dir:
         overrides = {} if plan.pods_url else tier_overrides(tier, plan, Path(l2_dir))
         if isinstance(overrides, str):
             cell.skipped = overrides
             return cell
         try:
-            with _pods(plan, overrides) as pods, _router(plan, router, pods) as url:
+            with _pods(plan, overrides) as pods, _router(plan, router, pods) as routers:
                 label = f"{workload.name} {tier} {load.label} {router}"
+                if cell.gateways > 1:
+                    label += f" x{cell.gateways}"
                 started = time.perf_counter()
-                results = _drive(url, plan, workload, load, label)
+                results = _drive(routers.urls, plan, workload, load, label)
                 cell.summary = summarize(router, results, time.perf_counter() - started)
                 cell.ttfts_ms = [r.ttft_s * 1000 for r in results if r.ok]
                 cell.stats = collect([p.url for p in pods], simulated=not plan.pods_url)
-                if router not in PEERS:
-                    cell.decision_ms = routing_decision_ms(url)
+                cell.per_gateway = [
+                    sum(1 for r in results if r.gateway == i) for i in range(len(routers.urls))
+                ]
+                if scaled:
+                    cell.decision_ms = routing_decision_ms(routers.urls[0])
+                    cell.gateway_rss_mib = [rss_mib(pid) for pid in routers.pids]
+                    if routers.redis_url:
+                        cell.redis_mib = redis_used_mib(routers.redis_url)
         except PeerUnavailable as exc:
             cell.skipped = f"{router} unavailable: {exc}"
         except (TimeoutError, RuntimeError) as exc:  # a pod or gateway did not come up
             cell.skipped = f"did not start: {str(exc).splitlines()[0][:160]}"
     return cell
+
+
+def rss_mib(pid: int) -> float:
+    """A process's resident memory (MiB) with its children's (``--workers``)."""
+    total_kib = 0
+    pids = [pid]
+    with contextlib.suppress(OSError):
+        pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    for p in pids:
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total_kib += int(line.split()[1])
+    return total_kib / 1024
+
+
+def redis_used_mib(url: str) -> float | None:
+    import redis
+
+    try:
+        with redis.Redis.from_url(url, socket_timeout=2) as client:
+            return int(client.info("memory")["used_memory"]) / 2**20
+    except (redis.RedisError, OSError):
+        return None
 
 
 def run_cell_retrying(

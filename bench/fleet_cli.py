@@ -12,6 +12,10 @@ def _csv(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in _csv(text)]
+
+
 def add_fleet(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "fleet",
@@ -38,6 +42,15 @@ def add_fleet(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--requests", type=int, help="requests per workload (default: preset's)")
     p.add_argument("--trace", type=Path, help="Mooncake JSONL (default: the shared one)")
     p.add_argument("--redis", action="store_true", help="kvgate's index in a real redis-server")
+    p.add_argument("--workers", type=int, default=1, help="worker processes per kvgate replica")
+    p.add_argument("--gateways", type=_ints, metavar="N[,N...]",
+                   help="scale-out report: kvgate over N replicas (e.g. 1,2,4,8), requests "
+                   "spread at random like a Kubernetes Service; kv-aware unless --routers; "
+                   "no peers")  # fmt: skip
+    p.add_argument("--sharing", type=_csv, default=["memory", "redis"],
+                   help="with --gateways: memory (each replica its own index and load), "
+                   "redis (shared index and load); default both")  # fmt: skip
+    p.add_argument("--seeds", type=_ints, help="with --gateways: one run per seed, medians")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("reports/fleet"))
     p.add_argument("--doc", type=Path, help="also write the report here (docs/BENCHMARKS.md)")
@@ -107,9 +120,39 @@ def run_fleet_cli(args: argparse.Namespace) -> int:
     plan.pods_url = list(args.pods_url)
     plan.profile = args.profile
     plan.redis = args.redis
+    plan.workers = args.workers
+    if args.gateways:
+        return _run_scaleout(args, preset, plan)
     cells = run_and_report(plan, args.out)
     if args.doc is not None:
         from bench.report import write_benchmarks_doc
 
         print(f"doc: {write_benchmarks_doc(args.out / 'report.md', args.doc)}")
+    return 0 if all(c.summary is None or c.summary.errors == 0 for c in cells) else 1
+
+
+def _run_scaleout(args: argparse.Namespace, preset: object, plan: object) -> int:
+    import shlex
+    import sys
+    from dataclasses import replace
+
+    from bench.quick import plan_from_preset
+    from bench.scaleout import SHARING, run_scaleout
+
+    unknown = set(args.sharing) - set(SHARING)
+    if unknown:
+        raise SystemExit(f"--sharing: unknown {sorted(unknown)}; choose from {list(SHARING)}")
+    routers = list(args.routers) if args.routers else ["kv-aware"]
+
+    def make_plan(seed: int):  # noqa: ANN202
+        seeded = plan_from_preset(replace(preset, peers=()), seed=seed)  # type: ignore[type-var]
+        seeded.routers = routers
+        seeded.pods_url, seeded.profile = plan.pods_url, plan.profile  # type: ignore[attr-defined]
+        seeded.workers = args.workers
+        return seeded
+
+    command = "kvgate bench " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+    seeds = args.seeds or [args.seed]
+    cells = run_scaleout(make_plan(seeds[0]), args.gateways, args.sharing, seeds, args.out,
+                         command, make_plan)  # fmt: skip
     return 0 if all(c.summary is None or c.summary.errors == 0 for c in cells) else 1

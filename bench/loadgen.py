@@ -2,7 +2,10 @@
 
 Closed loop (N concurrent users, each sending its next request when the previous
 one finished) or open loop (requests start at given offsets, e.g. Poisson or a
-trace's timestamps, whether or not earlier ones finished). Every request streams,
+trace's timestamps, whether or not earlier ones finished). Given several router
+URLs (gateway replicas), each request goes to one picked at random, as a Kubernetes
+Service spreads connections over its endpoints (seeded: the same run picks alike);
+``RequestResult.gateway`` says which. Every request streams,
 so TTFT is the client-observed time to the first content chunk; usage (with
 cached tokens) comes from the final chunk. Prompt text is never kept in results.
 """
@@ -10,6 +13,7 @@ cached tokens) comes from the final chunk. Prompt text is never kept in results.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -51,6 +55,25 @@ class RequestResult:
     predicted_cached_tokens: int | None = None
     details: dict[str, int] = field(default_factory=dict)
     error: str = ""
+    gateway: int = 0  # which of the router URLs served it
+
+
+class Spread:
+    """One client per router URL; ``pick`` chooses one at random (seeded), like a
+    Kubernetes Service choosing an endpoint for a new connection."""
+
+    def __init__(self, base_urls: str | Sequence[str], seed: int = 0) -> None:
+        urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
+        self.clients = [make_client(u) for u in urls]
+        self._rng = random.Random(seed)
+
+    def pick(self) -> tuple[int, openai.AsyncOpenAI]:
+        i = self._rng.randrange(len(self.clients)) if len(self.clients) > 1 else 0
+        return i, self.clients[i]
+
+    async def close(self) -> None:
+        for client in self.clients:
+            await client.close()
 
 
 def make_client(base_url: str, timeout_s: float = 300.0) -> openai.AsyncOpenAI:
@@ -123,14 +146,15 @@ def _progress() -> Progress:
 
 
 async def run_closed_loop(
-    base_url: str,
+    base_url: str | Sequence[str],
     model: str,
     sessions: Sequence[Sequence[ChatRequest]],
     concurrency: int,
     label: str = "requests",
+    seed: int = 0,
 ) -> list[RequestResult]:
     """Each session's requests run in order; up to ``concurrency`` sessions at once."""
-    client = make_client(base_url)
+    spread = Spread(base_url, seed)
     total = sum(len(s) for s in sessions)
     results: list[RequestResult] = []
     pending = list(range(len(sessions)))[::-1]
@@ -144,21 +168,27 @@ async def run_closed_loop(
             while pending:
                 for req in sessions[pending.pop()]:
                     sent += 1
+                    gateway, client = spread.pick()
                     r = await send_one(client, model, sent - 1, req, t0)
+                    r.gateway = gateway
                     results.append(r)
                     errors += not r.ok
                     progress.update(task, advance=1, errors=errors)
 
         await asyncio.gather(*(user() for _ in range(max(1, concurrency))))
-    await client.close()
+    await spread.close()
     return sorted(results, key=lambda r: r.index)
 
 
 async def run_open_loop(
-    base_url: str, model: str, requests: Sequence[ChatRequest], label: str = "requests"
+    base_url: str | Sequence[str],
+    model: str,
+    requests: Sequence[ChatRequest],
+    label: str = "requests",
+    seed: int = 0,
 ) -> list[RequestResult]:
     """Start each request at its ``at_s`` offset regardless of earlier ones."""
-    client = make_client(base_url)
+    spread = Spread(base_url, seed)
     t0 = time.perf_counter()
     errors = 0
     with _progress() as progress:
@@ -167,13 +197,15 @@ async def run_open_loop(
         async def fire(i: int, req: ChatRequest) -> RequestResult:
             nonlocal errors
             delay = req.at_s - (time.perf_counter() - t0)
+            gateway, client = spread.pick()
             if delay > 0:
                 await asyncio.sleep(delay)
             r = await send_one(client, model, i, req, t0)
+            r.gateway = gateway
             errors += not r.ok
             progress.update(task, advance=1, errors=errors)
             return r
 
         results = await asyncio.gather(*(fire(i, r) for i, r in enumerate(requests)))
-    await client.close()
+    await spread.close()
     return list(results)
