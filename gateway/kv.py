@@ -327,6 +327,10 @@ class KvIndex:
             applied += await ingestor.apply_batch(batch, batch.dp_rank or 0)
         return applied
 
+    def followed_pods(self) -> list[str]:
+        """Pods whose KV events this index follows over ZMQ."""
+        return list(self._subscribers)
+
     def history_replayed(self, pod: str) -> bool | None:
         """Whether ``pod``'s KV-event history has been replayed since we started
         following it (``index.warm_start``); None: its events are not followed."""

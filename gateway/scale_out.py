@@ -18,7 +18,6 @@ gets none of it but the warm start: its load view stays the routing core's own
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
@@ -56,8 +55,7 @@ class ScaleOut:
     def bounds(self) -> dict[str, Bound]:
         return self.siblings.bounds() if self.siblings is not None else {}
 
-    async def start(self, admitted: Iterable[str]) -> None:
-        self.warm.begin(admitted)
+    async def start(self) -> None:
         if self.siblings is not None:
             await self.siblings.start()
         if self.exchange is not None:

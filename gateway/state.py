@@ -107,7 +107,7 @@ async def running_gateway(
                      exposition, admission)  # fmt: skip
         await kv.warm_up(m for m in settings.models if router.uses_index(m))
         await registry.start()
-        await scale.start(p.name for p in registry.all() if p.healthy)
+        await scale.start()
         discovery = None
         if settings.discovery.enabled:  # pods come and go with Kubernetes readiness
             discovery = PodDiscovery(

@@ -193,7 +193,7 @@ def test_every_metric_in_the_readme_is_exported(fleet, system_prompt):
         wait_for(lambda: "kvgate_kv_events_applied_total{" in httpx.get(f"{gw}/metrics").text, 5)
         exported = httpx.get(f"{gw}/metrics").text
     declared = {line.split()[2] for line in exported.splitlines() if line.startswith("# TYPE ")}
-    redis_only = {n for n in names if "redis" in n or "fallbacks" in n}
+    redis_only = {n for n in names if "redis" in n or "fallbacks" in n or "fleet_load" in n}
     # Admission control's exist only with it on (tests/inproc/test_admission.py checks them).
     admission_only = {n for n in names if n.startswith("kvgate_admission_")}
     missing = sorted(n for n in names - redis_only - admission_only if n not in declared)
