@@ -51,7 +51,7 @@ def _add_shared_load(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--replicas", type=int, default=8)
     p.add_argument("--pods", type=int, default=16, help="busy pods per replica")
     p.add_argument("--workers", type=int, default=16, help="workers in the host table")
-    p.add_argument("--interval-s", type=float, default=0.05, help="exchange interval")
+    p.add_argument("--interval-s", type=float, default=0.02, help="exchange interval")
     p.add_argument("--calls", type=int, default=500, help="exchanges timed")
     p.add_argument("--samples", type=int, default=100, help="staleness samples")
     p.set_defaults(bench_func=_shared_load)

@@ -160,16 +160,17 @@ def print_headline(cells: list[Cell], console: Console) -> None:
         console.print(table)
 
 
-def print_cell(cell: Cell, console: Console) -> None:
-    """One line per finished cell, so a long run shows progress beyond the bar."""
-    where = f"{cell.workload:7} {cell.tiers:9} {cell.load:9} {cell.router:14}"
+def print_cell(cell: Cell, console: Console, where: str = "", extra: str = "") -> None:
+    """One line per finished cell, so a long run shows progress beyond the bar; ``where``
+    replaces the cell's own label, ``extra`` goes before the errors."""
+    where = where or f"{cell.workload:7} {cell.tiers:9} {cell.load:9} {cell.router:14}"
     if cell.summary is None:
         console.print(f"  {where} [yellow]skipped[/]: {cell.skipped}")
         return
     s = cell.summary
     console.print(
         f"  {where} TTFT p50 {s.ttft_p50_ms:7.0f} ms  p90 {s.ttft_p90_ms:7.0f} ms  "
-        f"cached {s.cached_ratio:4.0%}  errors {s.errors}"
+        f"cached {s.cached_ratio:4.0%}  {extra}errors {s.errors}"
     )
 
 

@@ -190,15 +190,10 @@ def run_scaleout(
 
 
 def _print_cell(cell: Cell, mode: str, seed: int, console: Console) -> None:
+    from bench.quick import print_cell
+
     where = f"{cell.workload:7} {cell.tiers:5} {mode:6} x{cell.gateways:<2} seed {seed}"
-    if cell.summary is None:
-        console.print(f"  {where} [yellow]skipped[/]: {cell.skipped}")
-        return
-    s = cell.summary
-    console.print(
-        f"  {where} TTFT p50 {s.ttft_p50_ms:6.0f} ms  p90 {s.ttft_p90_ms:6.0f} ms  "
-        f"cached {s.cached_ratio:5.1%}  per replica {cell.per_gateway}  errors {s.errors}"
-    )
+    print_cell(cell, console, where, f"per replica {cell.per_gateway}  ")
 
 
 def write_scale_report(

@@ -13,7 +13,8 @@ Three measurements, printed as tables:
    own time per call (``INFO commandstats``): what each replica costs Redis every
    ``interval``.
 3. **Staleness**: two replicas exchanging every ``--interval-s`` at unrelated phases;
-   a count changed on one, the time until the other's routing sees it.
+   a request dispatched on one (which pokes its exchange at once, as the gateway's
+   does), the time until the other's routing counts it.
 
 A real ``redis-server`` is started on a free loopback port.
 """
@@ -32,7 +33,7 @@ from rich.table import Table
 
 from bench.redis_server import running_redis
 from bench.stats import percentile
-from gateway.fleet_load import FleetLoadExchange, RemoteLoad
+from gateway.fleet_load import FleetLoadExchange, PokingTracker, RemoteLoad
 from gateway.host_load import HostLoadTable, pod_key
 from kvindex.redis_store import RedisStore
 from routing.load import CombinedLoad, LoadTracker, LoadView, PodLoad
@@ -107,10 +108,9 @@ async def measure_exchange(
 
 
 async def measure_staleness(url: str, interval_s: float, samples: int) -> list[float]:
-    """ms from a count changing on replica A to replica B's routing seeing it."""
+    """ms from a request dispatched on replica A (which pokes its exchange, as the
+    gateway's does) to replica B's routing counting it."""
     ns = f"bench-{uuid.uuid4().hex[:6]}"
-    key = pod_key("pod-0")
-    own_a: dict[int, PodLoad] = {}
     seen = asyncio.Event()
     want = {"n": -1}
     remote = RemoteLoad(max_age_s=60)
@@ -121,10 +121,13 @@ async def measure_staleness(url: str, interval_s: float, samples: int) -> list[f
         if load is not None and load.in_flight == want["n"]:
             seen.set()
 
-    a = FleetLoadExchange(RedisStore(url, namespace=ns), "a", lambda: own_a, lambda _: None,
-                          interval_s=interval_s, lease_s=max(1.0, 4 * interval_s))  # fmt: skip
+    lease = max(1.0, 4 * interval_s)
+    a = FleetLoadExchange(RedisStore(url, namespace=ns), "a", dict, lambda _: None,
+                          interval_s=interval_s, lease_s=lease)  # fmt: skip
+    tracker = PokingTracker(a.poke)
+    a._own = lambda: {pod_key(p): v for p, v in tracker.snapshot().items()}
     b = FleetLoadExchange(RedisStore(url, namespace=ns), "b", dict, sink_b,
-                          interval_s=interval_s, lease_s=max(1.0, 4 * interval_s))  # fmt: skip
+                          interval_s=interval_s, lease_s=lease)  # fmt: skip
     await a.start()
     await asyncio.sleep(random.random() * interval_s)  # unrelated phases
     await b.start()
@@ -134,10 +137,10 @@ async def measure_staleness(url: str, interval_s: float, samples: int) -> list[f
             await asyncio.sleep(random.random() * interval_s)
             seen.clear()
             want["n"] = n
-            changed = time.perf_counter()
-            own_a[key] = PodLoad(n, 0, 0)  # a request dispatched on A
+            dispatched = time.perf_counter()
+            tracker.start("pod-0")  # a request dispatched on A, never finished here
             await asyncio.wait_for(seen.wait(), 10 * interval_s + 1)
-            out.append((time.perf_counter() - changed) * 1000)
+            out.append((time.perf_counter() - dispatched) * 1000)
     finally:
         for ex in (a, b):
             await ex.stop()
@@ -149,7 +152,7 @@ def run_shared_load_bench(
     replicas: int = 8,
     pods: int = 16,
     workers: int = 16,
-    interval_s: float = 0.05,
+    interval_s: float = 0.02,
     calls: int = 500,
     samples: int = 100,
     console: Console | None = None,

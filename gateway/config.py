@@ -238,7 +238,7 @@ class ScaleOutSettings(BaseModel):
 
     # index.backend redis: every replica's in-flight counts per pod reach the others
     share_load: bool = True
-    load_interval_s: float = 0.05  # how often a replica publishes its counts and reads others'
+    load_interval_s: float = 0.02  # how often a replica publishes its counts and reads others'
     load_lease_s: float = 1.0  # a replica not heard from for this long counts for nothing
     max_replicas: int = 256  # other replicas' counts read at most
     worker_load_pods: int = 1024  # pods in the host's shared load table (--workers > 1)

@@ -7,13 +7,17 @@ pod holding a prefix N times over before it spills. With a Redis index every rep
 keeps one field of the namespace's hash ``{kvgate:<ns>}:load``: its in-flight,
 prefilling-token and prefilling counts per pod (busy pods only; an idle replica has no
 field), behind a deadline ``load_lease_s`` ahead on the Redis server's clock. Every
-``load_interval_s`` one script call writes the field and returns every other replica's
-field whose deadline has not passed (and deletes those long dead), so:
+``load_interval_s`` (and at once when its own counts move: ``PokingTracker``) one
+script call writes the field and returns every other replica's field whose deadline
+has not passed (and deletes those long dead), so:
 
-* the cost is one round trip per replica per interval, whatever the request rate,
-  nothing on a request's path (``others`` reads a local copy);
-* a replica's counts reach the others within about two intervals plus a round trip
-  (its publish, then their read: ``kvgate bench shared-load`` measures it);
+* the cost is a round trip per replica per interval plus one per change of its counts
+  (one exchange at a time: changes during one make one more), none on a request's
+  path (``others`` reads a local copy);
+* a dispatch reaches the other replicas' routing within one of their intervals plus
+  a round trip or two (``kvgate bench shared-load`` measures it). A ``--workers``
+  host's worker 0 exchanges every interval only (the other workers' dispatches do
+  not poke it);
 * a replica that dies stops counting within ``load_lease_s``; a Redis outage leaves
   each replica on its own counts once the last answer is older than the lease.
 
@@ -40,7 +44,7 @@ from redis.exceptions import NoScriptError, RedisError
 
 from gateway.host_load import pod_key
 from kvindex.redis_store import RedisStore
-from routing.load import PodLoad
+from routing.load import LoadCell, LoadTracker, PodLoad
 
 log = logging.getLogger("kvgate.fleet_load")
 
@@ -98,6 +102,32 @@ def decode_counts(text: str, into: dict[int, PodLoad], max_pods: int) -> None:
         except ValueError:
             continue
         into[k] = into.get(k, PodLoad()).plus(PodLoad(max(0, a), max(0, b), max(0, c)))
+
+
+class _Poked:
+    """A pod's counters that poke the exchange whenever they move."""
+
+    __slots__ = ("_cell", "_poke")
+
+    def __init__(self, cell: LoadCell, poke: Callable[[], None]) -> None:
+        self._cell = cell
+        self._poke = poke
+
+    def add(self, in_flight: int, prefill_tokens: int, prefilling: int) -> None:
+        self._cell.add(in_flight, prefill_tokens, prefilling)
+        self._poke()
+
+
+class PokingTracker(LoadTracker):
+    """This replica's own counts; every dispatch, first token and end pokes the
+    exchange, so the other replicas see it within a round trip, not an interval."""
+
+    def __init__(self, poke: Callable[[], None]) -> None:
+        super().__init__()
+        self._poke = poke
+
+    def cell(self, pod: str) -> LoadCell:
+        return _Poked(super().cell(pod), self._poke)
 
 
 class RemoteLoad:
@@ -171,6 +201,7 @@ class FleetLoadExchange:
         self.lease_ms = max(1, int(lease_s * 1000))
         self.max_replicas = max_replicas
         self._task: asyncio.Task[None] | None = None
+        self._poked = asyncio.Event()
         self.exchanges = 0
         self.errors = 0
         self.replicas = 0  # other live replicas at the last exchange
@@ -215,7 +246,14 @@ class FleetLoadExchange:
                 if time.monotonic() - self._last_ok > self.lease_ms / 1000:
                     self._sink({})  # the others' counts are too old to route on
                 log.debug("fleet load exchange failed: %r", exc)
-            await asyncio.sleep(self.interval_s)
+            self._poked.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poked.wait(), self.interval_s)
+
+    def poke(self) -> None:
+        """This replica's counts changed: exchange now rather than at the next interval
+        (one exchange at a time; pokes meanwhile make one more)."""
+        self._poked.set()
 
     async def start(self) -> None:
         if self._task is None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 
 from gateway.config import Settings
-from gateway.fleet_load import FleetLoadExchange, FleetLoadMetrics, RemoteLoad
+from gateway.fleet_load import FleetLoadExchange, FleetLoadMetrics, PokingTracker, RemoteLoad
 from gateway.host_load import pod_key
 from gateway.kv import KvIndex
 from gateway.pods import PodRegistry
@@ -32,7 +32,7 @@ from gateway.warm_start import WarmStart
 from gateway.workers import WorkerContext
 from kvindex.types import Bound
 from routing.core import RoutingCore
-from routing.load import CombinedLoad, LoadTracker, PodLoad
+from routing.load import CombinedLoad, PodLoad
 
 
 @dataclass
@@ -95,8 +95,7 @@ def scale_out(
         if worker.publishes_fleet_load:
             own, sink = table.host_totals, table.set_remote
     elif shared_index and so.share_load:
-        tracker = core.load
-        assert isinstance(tracker, LoadTracker)
+        tracker = PokingTracker(lambda: out.exchange.poke() if out.exchange else None)
         remote = RemoteLoad(max_age_s=so.load_lease_s)
         core.set_load(CombinedLoad(tracker, {"fleet": remote}))
 

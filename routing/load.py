@@ -129,13 +129,17 @@ class LoadTracker:
 
     def start(self, pod: str, prefill_tokens: int = 0) -> InFlight:
         """Count a request against ``pod`` now; call ``finish()`` in a ``finally``."""
+        return InFlight(self.cell(pod), prefill_tokens)
+
+    def cell(self, pod: str) -> LoadCell:
+        """The counters a request on ``pod`` moves (made on first use)."""
         load = self._pods.get(pod)
         if load is None:
             if len(self._pods) >= MAX_PODS:  # pods that left without forget(): idle ones go
                 for name in [n for n, p in self._pods.items() if not p.in_flight]:
                     del self._pods[name]
             load = self._pods[pod] = PodLoad()
-        return InFlight(load, prefill_tokens)
+        return load
 
     def forget(self, pod: str) -> None:
         """The pod left the fleet: its (idle) counters go, in-flight ones finish alone."""

@@ -9,7 +9,13 @@ import uuid
 
 import pytest
 
-from gateway.fleet_load import FleetLoadExchange, RemoteLoad, decode_counts, encode_counts
+from gateway.fleet_load import (
+    FleetLoadExchange,
+    PokingTracker,
+    RemoteLoad,
+    decode_counts,
+    encode_counts,
+)
 from gateway.host_load import pod_key
 from routing.load import CombinedLoad, LoadTracker, PodLoad
 from tests.conftest import RedisTarget
@@ -120,3 +126,34 @@ def test_remote_counts_older_than_the_lease_are_ignored():
     fresh = RemoteLoad(max_age_s=60)
     fresh.update({A: PodLoad(1, 1, 1)})
     assert (fresh.others("pod-a"), fresh.others("pod-b")) == (PodLoad(1, 1, 1), None)
+
+
+async def test_a_dispatch_reaches_the_other_replica_before_the_interval_ends(
+    redis_target: RedisTarget,
+):
+    ns = f"t-{uuid.uuid4().hex[:8]}"
+    seen = RemoteLoad(max_age_s=60)
+    a = FleetLoadExchange(redis_target.store(ns), "a", dict, lambda _: None, interval_s=30)
+    tracker = PokingTracker(a.poke)
+    a._own = lambda: {pod_key(p): v for p, v in tracker.snapshot().items()}
+    b = FleetLoadExchange(redis_target.store(ns), "b", dict, seen.update, interval_s=0.02)
+    await a.start()
+    await b.start()
+    try:
+        await asyncio.sleep(0.1)  # a's first exchange is behind it: the next is 30 s away
+        request = tracker.start("pod-a", 100)
+        for _ in range(100):
+            if seen.others("pod-a") == PodLoad(1, 100, 1):
+                break
+            await asyncio.sleep(0.01)
+        assert seen.others("pod-a") == PodLoad(1, 100, 1)
+        request.finish()
+        for _ in range(100):
+            if seen.others("pod-a") is None:
+                break
+            await asyncio.sleep(0.01)
+        assert seen.others("pod-a") is None  # idle: a keeps no field
+    finally:
+        for ex in (a, b):
+            await ex.stop()
+            await ex.redis.close()

@@ -20,9 +20,13 @@ from bench.prompts import text_of_tokens
 from bench.redis_server import RedisServer
 from bench.sim.launch import sim_fleet
 from bench.tinymodel import ensure_tokenizer
+from tests.integration import test_gateway_kv
 
 MODEL = "kvgate-tiny-llama"
 BLOCK = 32
+# The kv tests' module fixtures: two simulated pods with KV events, a 900-token prompt.
+fleet = test_gateway_kv.fleet
+system_prompt = test_gateway_kv.system_prompt
 
 
 def _spec(pod, events: bool = True) -> str:
@@ -59,17 +63,6 @@ def _routed(r: httpx.Response) -> tuple[str, int]:
     return r.headers["x-kvgate-pod"], int(r.headers["x-kvgate-predicted-cached-tokens"])
 
 
-@pytest.fixture(scope="module")
-def fleet():
-    with sim_fleet(2, kv_events=True, block_size=BLOCK, itl_s=0.001, default_max_tokens=2) as p:
-        yield p
-
-
-@pytest.fixture(scope="module")
-def system_prompt() -> str:
-    return text_of_tokens(700, seed=11, tokenizer_dir=ensure_tokenizer())
-
-
 # -- --workers N ---------------------------------------------------------------------------
 
 
@@ -77,7 +70,7 @@ def test_two_workers_agree_on_where_a_cached_prefix_is(fleet, system_prompt):
     with run_gateway([(p.name, _spec(p)) for p in fleet], strategy="kv-aware", env=_env(),
                      workers=2) as gw:  # fmt: skip
         holder, _ = _routed(_chat(gw, system_prompt, "first"))
-        wait_for(lambda: _routed(_chat(gw, system_prompt, "probe"))[1] >= 640, 10,
+        wait_for(lambda: _routed(_chat(gw, system_prompt, "probe"))[1] >= 864, 10,
                  what="the prompt's events to reach the index")  # fmt: skip
 
         answers = []
@@ -86,7 +79,7 @@ def test_two_workers_agree_on_where_a_cached_prefix_is(fleet, system_prompt):
             answers.append((r.headers["x-kvgate-worker"], *_routed(r)))
 
     assert {worker for worker, _, _ in answers} == {"0", "1"}
-    assert {(pod, cached >= 640) for _, pod, cached in answers} == {(holder, True)}
+    assert {(pod, cached >= 864) for _, pod, cached in answers} == {(holder, True)}
 
 
 def test_events_posted_to_one_worker_reach_every_worker(fleet):
