@@ -19,10 +19,11 @@ from bench.ports import free_port
 from bench.prompts import text_of_tokens
 from bench.redis_server import RedisServer
 from bench.sim.launch import sim_fleet
-from bench.tinymodel import ensure_tokenizer
+from bench.tinymodel import MODEL_NAME, ensure_tokenizer
 from tests.integration import test_gateway_kv
+from tests.sim_gateway import model_env, pod_spec
 
-MODEL = "kvgate-tiny-llama"
+MODEL = MODEL_NAME
 BLOCK = 32
 # The kv tests' module fixtures: two simulated pods with KV events, a 900-token prompt.
 fleet = test_gateway_kv.fleet
@@ -30,15 +31,11 @@ system_prompt = test_gateway_kv.system_prompt
 
 
 def _spec(pod, events: bool = True) -> str:
-    if not events:
-        return pod.url
-    return f"{pod.url},events={pod.events_endpoint},replay={pod.replay_endpoint}"
+    return pod_spec(pod, replay=True)[1] if events else pod.url
 
 
 def _env(**extra: str) -> dict[str, str]:
-    model = {"block_size": BLOCK, "tokenizer": str(ensure_tokenizer())}
-    return {"KVGATE_MODELS": json.dumps({MODEL: model}), "KVGATE_EXPOSE_PREDICTIONS": "true",
-            **extra}  # fmt: skip
+    return model_env(KVGATE_EXPOSE_PREDICTIONS="true", **extra)
 
 
 def _chat(base: str, system: str, question: str, **body) -> httpx.Response:
