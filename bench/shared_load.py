@@ -193,8 +193,8 @@ def print_shared_load(r: SharedLoadResult, console: Console) -> None:
               f"{r.redis_us_per_exchange:.0f}", f"{r.replicas / r.interval_s:.0f}")  # fmt: skip
     console.print(t)
     s = r.staleness_ms
-    t = Table(title=f"Staleness: a count changed on one replica until another routes on it "
-                    f"({len(s)} samples, interval {r.interval_s * 1000:.0f} ms)")  # fmt: skip
+    t = Table(title=f"Staleness: a request dispatched on one replica until another counts "
+                    f"it ({len(s)} samples, interval {r.interval_s * 1000:.0f} ms)")  # fmt: skip
     for col in ("p50 ms", "p90 ms", "p99 ms", "max ms"):
         t.add_column(col, justify="right")
     t.add_row(*(f"{v:.0f}" for v in (percentile(s, 50), percentile(s, 90), percentile(s, 99),

@@ -30,7 +30,8 @@ from collections.abc import Callable, Iterator
 
 _HEADER = 64  # bytes before each ring's data (the write position, padded)
 _RECORD = struct.Struct("<IB")
-_LOCK_TIMEOUT_S = 0.2
+_LOCK_TIMEOUT_S = 0.2  # a publisher or reader gives up (counted) rather than wait longer
+_REPAIR_AFTER_S = 1.0  # the supervisor: no legitimate holder keeps a lock this long
 
 
 class HostBus:
@@ -62,7 +63,7 @@ class HostBus:
         """Release locks a dead worker left held; how many there were."""
         repaired = 0
         for lock in self.locks:
-            if lock.acquire(timeout=_LOCK_TIMEOUT_S):
+            if lock.acquire(timeout=_REPAIR_AFTER_S):
                 lock.release()
             else:
                 lock.release()
@@ -107,6 +108,7 @@ class BusEndpoint:
         self.refused = 0  # too large for the ring, or its lock not had in time
         self.received = 0
         self.overruns = 0  # times a reader fell a ring behind and skipped
+        self.bad = 0  # messages a handler could not take (counted, skipped)
 
     def on(self, kind: int, handler: Callable[[int, bytes], None]) -> None:
         """Call ``handler(sender, payload)`` for every message of ``kind`` drained."""
@@ -132,8 +134,12 @@ class BusEndpoint:
         handled = 0
         for sender, payload_kind, payload in self._new():
             handler = self._handlers.get(payload_kind)
-            if handler is not None:
+            try:
+                if handler is None:
+                    raise ValueError(f"no handler for message kind {payload_kind}")
                 handler(sender, payload)
+            except Exception:  # noqa: BLE001  (a bad message must not fail a lookup)
+                self.bad += 1
             handled += 1
         self.received += handled
         return handled

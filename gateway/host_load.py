@@ -37,6 +37,7 @@ from routing.load import InFlight, LoadTracker, PodLoad
 
 FIELDS = 3  # in_flight, prefill_tokens, prefilling
 _LOCK_TIMEOUT_S = 0.2  # legitimate holders keep the lock for microseconds
+_REPAIR_AFTER_S = 1.0  # the supervisor: a lock held this long has a dead holder
 
 
 def pod_key(pod: str) -> int:
@@ -181,8 +182,8 @@ class HostLoadTable:
 
     def repair_lock(self) -> bool:
         """Release the insertion lock if a worker died holding it (no legitimate holder
-        keeps it for ``_LOCK_TIMEOUT_S``). True if it had to."""
-        if self.lock.acquire(timeout=_LOCK_TIMEOUT_S):
+        keeps it for ``_REPAIR_AFTER_S``). True if it had to."""
+        if self.lock.acquire(timeout=_REPAIR_AFTER_S):
             self.lock.release()
             return False
         self.lock.release()

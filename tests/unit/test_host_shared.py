@@ -188,3 +188,16 @@ def test_the_default_is_one_worker_per_usable_core(monkeypatch):
     assert default_workers() == 3
     monkeypatch.setattr("gateway.workers.cgroup_cpu_limit", lambda: None)
     assert default_workers() == 8
+
+
+def test_a_message_no_handler_can_take_is_counted_not_raised():
+    bus = HostBus(workers=2, ring_bytes=4096)
+    reader, writer = bus.endpoint(0), bus.endpoint(1)
+    got = []
+    reader.on(7, lambda s, p: got.append(int(p)))  # raises on a non-number
+    writer.publish(7, b"not a number")
+    writer.publish(9, b"a kind nobody handles")
+    writer.publish(7, b"42")
+
+    assert reader.drain() == 3
+    assert (got, reader.bad) == ([42], 2)
