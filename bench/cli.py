@@ -24,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--peer", action="append", default=[],
                    help="NAME[:POLICY], e.g. vllm-router:round_robin, sglang-router "
                    "(repeatable; NAME alone: its cache-aware policy)")  # fmt: skip
+    p.add_argument("--workers", default="1", metavar="N[,N...]",
+                   help="kvgate worker processes; several (e.g. 1,2): each strategy once per "
+                   "count, named kvgate:STRATEGY@N")  # fmt: skip
     p.add_argument("--pairs", type=int, default=300)
     p.add_argument("--seconds", type=float, default=8.0, help="wrk duration per router")
     p.add_argument("--connections", type=int, default=32)
@@ -183,7 +186,8 @@ def _overhead(args: argparse.Namespace) -> int:
     from bench.peers import PEERS
 
     strategies = args.strategy or ["round-robin", "prefix-aware", "kv-aware"]
-    routers = [f"kvgate:{s}" for s in strategies]
+    counts = [int(w) for w in args.workers.split(",") if w.strip()]
+    routers = [f"kvgate:{s}" + (f"@{w}" if w > 1 else "") for s in strategies for w in counts]
     for peer in args.peer:
         name, _, policy = peer.partition(":")
         if name not in PEERS:

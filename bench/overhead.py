@@ -141,14 +141,16 @@ def zero_pod() -> Iterator[str]:
 
 @contextlib.contextmanager
 def router(name: str, pod_url: str) -> Iterator[str]:
-    """A kvgate strategy (``kvgate:<strategy>``) or a peer (``<peer>:<policy>``)."""
+    """A kvgate strategy (``kvgate:<strategy>``, ``kvgate:<strategy>@<N>`` with N worker
+    processes) or a peer (``<peer>:<policy>``)."""
     kind, _, policy = name.partition(":")
     if kind == "kvgate":
         from bench.gateway_proc import run_gateway
         from bench.tinymodel import ensure_tokenizer
 
+        strategy, _, workers = policy.partition("@")
         models = {MODEL: {"block_size": 32, "tokenizer": str(ensure_tokenizer())}}
-        with run_gateway([("zero", pod_url)], strategy=policy,
+        with run_gateway([("zero", pod_url)], strategy=strategy, workers=int(workers or 1),
                          env={"KVGATE_MODELS": json.dumps(models)}) as url:  # fmt: skip
             yield url
         return
@@ -332,7 +334,7 @@ def run_overhead(
         report = OverheadReport(direct_rps, connections, seconds, prompt_bytes, wrk=use_wrk)
         cells = [(r, "varied") for r in routers]
         cells += [(r, "multi-turn") for r in routers if r.startswith("kvgate:")
-                  and r.split(":")[1] in ("kv-aware", "prefix-aware")]  # fmt: skip
+                  and r.split(":")[1].split("@")[0] in ("kv-aware", "prefix-aware")]  # fmt: skip
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("routers", total=len(cells))
             for name, workload in cells:
