@@ -14,6 +14,9 @@ Per router:
 - **throughput**: ``wrk`` (C, from Debian's package) with 32 connections for a few
   seconds, every request a new conversation (a Lua script makes the bodies); the
   direct rate is measured the same way.
+- for kvgate also its **CPU per request** (all its processes, during the throughput
+  run): with ``--workers 1,2`` (routers ``kvgate:STRATEGY@N``) it says how far req/s
+  scales on free cores even where the machine's cores are shared.
 - for index strategies also a **multi-turn** workload: each request extends a
   conversation that an earlier request sent, so earlier turns are already tokenized.
 
@@ -65,6 +68,9 @@ class RouterResult:
     rps: float = float("nan")
     errors: int = 0
     note: str = ""
+    # kvgate only: CPU seconds its processes (all workers) spent per request under wrk, in
+    # ms; what bounds req/s when cores are free (N workers: N cores / this).
+    cpu_ms: float = float("nan")
 
 
 @dataclass
@@ -298,6 +304,8 @@ def measure(
         ttft = asyncio.run(paired(pod, url, bodies, workload, pairs // 2, stream=True))
         result.stream_ttft_added_ms = percentile(ttft, 50)
         target = f"{url}/v1/chat/completions"
+        pid = getattr(url, "pid", 0)  # kvgate's (GatewayURL); peers' are not ours to read
+        cpu_before, started = process_cpu_s(pid), time.perf_counter()
         if use_wrk:
             result.rps, result.errors = wrk_rps(target, workload, seconds, connections,
                                                 bodies._base)  # fmt: skip
@@ -305,7 +313,25 @@ def measure(
             result.rps, result.errors = asyncio.run(
                 python_rps(target, bodies, workload, seconds, connections)
             )
+        served = result.rps * (time.perf_counter() - started)
+        if pid and served > 0:
+            result.cpu_ms = (process_cpu_s(pid) - cpu_before) / served * 1000
     return result
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its children (``--workers``) so far."""
+    if not pid:
+        return 0.0
+    total = 0
+    pids = [pid]
+    with contextlib.suppress(OSError):
+        pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    for p in pids:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def run_overhead(
@@ -355,13 +381,17 @@ def print_report(report: OverheadReport, console: Console) -> None:
     table = Table(title=f"Router overhead, zero-latency backend, ~{report.prompt_bytes // 1024} KB "
                   f"chat bodies (direct: {report.direct_rps:,.0f} req/s)")  # fmt: skip
     for col in ("router", "workload", "added p50 ms", "added p99 ms", "stream TTFT added ms",
-                f"req/s @ {report.connections} conns", "note"):  # fmt: skip
+                f"req/s @ {report.connections} conns", "CPU ms/req", "note"):  # fmt: skip
         table.add_column(col, justify="left" if col in ("router", "workload", "note") else "right")
     for r in report.results:
         table.add_row(r.router, r.workload, f"{r.added_p50_ms:+.2f}", f"{r.added_p99_ms:+.2f}",
-                      f"{r.stream_ttft_added_ms:+.2f}", f"{r.rps:,.0f}",
+                      f"{r.stream_ttft_added_ms:+.2f}", f"{r.rps:,.0f}", _cpu(r),
                       r.note or (f"{r.errors} non-2xx" if r.errors else ""))  # fmt: skip
     console.print(table)
+
+
+def _cpu(r: RouterResult) -> str:
+    return f"{r.cpu_ms:.2f}" if r.cpu_ms == r.cpu_ms else ""
 
 
 def write_report(report: OverheadReport, out: Path) -> Path:
@@ -399,11 +429,15 @@ def write_report(report: OverheadReport, out: Path) -> Path:
         f"{report.connections} connections for {report.seconds:g} s. Direct: "
         f"{report.direct_rps:,.0f} req/s.",
         "",
-        "| router | workload | added p50 ms | added p99 ms | stream TTFT added ms | req/s | note |",
-        "|---|---|---|---|---|---|---|",
+        "| router | workload | added p50 ms | added p99 ms | stream TTFT added ms | req/s | "
+        "CPU ms/req | note |",
+        "|---|---|---|---|---|---|---|---|",
         *(f"| {r.router} | {r.workload} | {r.added_p50_ms:+.2f} | {r.added_p99_ms:+.2f} | "
-          f"{r.stream_ttft_added_ms:+.2f} | {r.rps:,.0f} | "
+          f"{r.stream_ttft_added_ms:+.2f} | {r.rps:,.0f} | {_cpu(r)} | "
           f"{r.note or (f'{r.errors} non-2xx' if r.errors else '')} |" for r in report.results),
+        "",
+        "*CPU ms/req*: kvgate's processes (all workers) per request during the req/s run; "
+        "with N workers on N free cores, req/s can reach about N x 1000 / it.",
         "",
         "![overhead](overhead.png)",
     ]  # fmt: skip
