@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bench.polling import http_status, wait_for
-from bench.ports import free_port
+from bench.ports import free_port, free_ports  # noqa: F401  (free_port: tests import it here)
 
 
 def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
@@ -66,7 +66,8 @@ def run_gateway(
     ``pods`` entries may carry extra pod options after the URL, e.g.
     ``("a", "http://127.0.0.1:8001,events=tcp://127.0.0.1:5557")``.
     """
-    port, admin_port = port or free_port(), free_port()
+    picked = [p for p in free_ports(2) if p != port]  # distinct: two free_port() may agree
+    port, admin_port = port or picked[0], picked[-1]
     cmd = [sys.executable, "-m", "cli", "serve", "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--admin-port", str(admin_port), "--workers", str(workers)]
     cmd += ["--strategy", strategy, "--log-level", "warning"]
