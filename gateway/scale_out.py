@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
 from gateway.config import Settings
-from gateway.fleet_load import FleetLoadExchange, FleetLoadMetrics, PokingTracker, RemoteLoad
 from gateway.host_load import pod_key
 from gateway.kv import KvIndex
 from gateway.pods import PodRegistry
@@ -33,6 +33,9 @@ from gateway.workers import WorkerContext
 from kvindex.types import Bound
 from routing.core import RoutingCore
 from routing.load import CombinedLoad, PodLoad
+
+if TYPE_CHECKING:  # imported when Redis is in use: redis-py pulls in OpenTelemetry's SDK
+    from gateway.fleet_load import FleetLoadExchange
 
 
 @dataclass
@@ -95,6 +98,8 @@ def scale_out(
         if worker.publishes_fleet_load:
             own, sink = table.host_totals, table.set_remote
     elif shared_index and so.share_load:
+        from gateway.fleet_load import PokingTracker, RemoteLoad
+
         tracker = PokingTracker(lambda: out.exchange.poke() if out.exchange else None)
         remote = RemoteLoad(max_age_s=so.load_lease_s)
         core.set_load(CombinedLoad(tracker, {"fleet": remote}))
@@ -104,6 +109,7 @@ def scale_out(
 
         own, sink = own_counts, remote.update
     if shared_index and so.share_load and own is not None and sink is not None:
+        from gateway.fleet_load import FleetLoadExchange, FleetLoadMetrics
         from kvindex.redis_store import RedisStore
 
         idx = settings.index
