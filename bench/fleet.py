@@ -193,10 +193,17 @@ class Routers:
     redis_url: str | None = None
 
 
+def is_peer(router: str) -> bool:
+    """``router`` names a peer (``sglang-router``, ``vllm-router:cache_aware``), not a
+    kvgate strategy."""
+    return router.partition(":")[0] in PEERS
+
+
 @contextlib.contextmanager
 def _router(plan: FleetPlan, router: str, pods: list[PodEndpoint]) -> Iterator[Routers]:
-    if router in PEERS:
-        with run_peer(router, pods, plan.model, plan.block_size) as url:
+    if is_peer(router):
+        name, _, policy = router.partition(":")
+        with run_peer(name, pods, plan.model, plan.block_size, policy=policy or None) as url:
             yield Routers([url])
         return
     with contextlib.ExitStack() as stack:
@@ -231,7 +238,7 @@ def _drive(
 
 def run_cell(plan: FleetPlan, workload: Workload, tier: str, load: Load, router: str) -> Cell:
     """One cell on a fresh fleet; a cell that cannot run comes back with ``skipped`` set."""
-    scaled = router not in PEERS
+    scaled = not is_peer(router)
     cell = Cell(workload.name, tier, load.label, router, gateways=plan.gateways if scaled else 1)
     with tempfile.TemporaryDirectory(prefix="kvgate-l2-") as l2_dir:
         overrides = {} if plan.pods_url else tier_overrides(tier, plan, Path(l2_dir))
@@ -299,7 +306,7 @@ def run_cell_retrying(
 
 def _peer_not_run(plan: FleetPlan, router: str, tier: str) -> str:
     """Why a peer's cell is left out by the plan (``peer_tiers``), or "" if it runs."""
-    if router not in PEERS or plan.peer_tiers is None or plan.pods_url:
+    if not is_peer(router) or plan.peer_tiers is None or plan.pods_url:
         return ""  # real pods have one tier setup, "as deployed": everyone runs on it
     if tier in plan.peer_tiers:
         return ""

@@ -53,6 +53,7 @@ class RequestResult:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     predicted_cached_tokens: int | None = None
+    predicted_ttft_s: float | None = None  # kvgate's prediction (x-kvgate-predicted-ttft-ms)
     details: dict[str, int] = field(default_factory=dict)
     error: str = ""
     gateway: int = 0  # which of the router URLs served it
@@ -120,6 +121,9 @@ async def send_one(
         result.pod = raw.headers.get("x-kvgate-pod", "")
         predicted = raw.headers.get("x-kvgate-predicted-cached-tokens")
         result.predicted_cached_tokens = int(predicted) if predicted is not None else None
+        predicted_ttft = raw.headers.get("x-kvgate-predicted-ttft-ms")
+        if predicted_ttft is not None:
+            result.predicted_ttft_s = float(predicted_ttft) / 1000
         async for chunk in raw.parse():
             if result.ttft_s == 0.0 and chunk.choices:
                 result.ttft_s = time.perf_counter() - started

@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
 from bench.polling import http_status, wait_for
 from bench.ports import free_port
 
@@ -132,17 +134,32 @@ def peer_command(
     return cmd
 
 
-def _wait_health(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> None:
-    def healthy() -> bool:
+def _wait_serving(
+    url: str, model: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float
+) -> None:
+    """Until the peer answers a request, not only its own /health: sglang-router's
+    /health passes before its first probe of the workers, and until then every request
+    gets 503 "no available workers" (a benchmark's first requests would fail)."""
+    probe = {"model": model, "messages": [{"role": "user", "content": "ready?"}],
+             "max_tokens": 1}  # fmt: skip
+
+    def serving() -> bool:
         if proc.poll() is not None:
             tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
             raise PeerUnavailable(f"exited with {proc.returncode}: {tail[0][-160:]}")
-        return http_status(f"{url}/health") == 200
+        if http_status(f"{url}/health") != 200:
+            return False
+        try:
+            return (
+                httpx.post(f"{url}/v1/chat/completions", json=probe, timeout=10).status_code == 200
+            )
+        except httpx.HTTPError:
+            return False
 
     try:
-        wait_for(healthy, timeout_s, what="health", poll=0.2)
+        wait_for(serving, timeout_s, what="serving", poll=0.25)
     except TimeoutError:
-        raise PeerUnavailable(f"not healthy within {timeout_s:.0f}s (log {log})") from None
+        raise PeerUnavailable(f"not serving within {timeout_s:.0f}s (log {log})") from None
 
 
 @contextlib.contextmanager
@@ -165,7 +182,7 @@ def run_peer(
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_health(url, proc, log, timeout_s)
+        _wait_serving(url, model, proc, log, timeout_s)
         yield url
     finally:
         proc.terminate()

@@ -159,3 +159,22 @@ def scale_plots(rows: list[Any], out_dir: Path) -> list[Path]:
         plt.close(fig)
         made.append(path)
     return made
+
+
+def real_fleet_p90(summaries: list[Any], title: str, path: Path) -> Path:
+    """Median TTFT p90 per router over seeds, with the best and worst seed as whiskers."""
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(summaries) + 1.5))
+    names = [s.router for s in summaries]
+    med = [s.p90_median_ms for s in summaries]
+    low = [s.p90_median_ms - s.p90_best_ms for s in summaries]
+    high = [s.p90_worst_ms - s.p90_median_ms for s in summaries]
+    colors = ["#4c72b0" if ":" not in n and "router" not in n else "#999999" for n in names]
+    ax.barh(names, med, xerr=[low, high], color=colors, capsize=3)
+    ax.invert_yaxis()
+    ax.set_xlabel("TTFT p90 (ms): median over seeds, whiskers best to worst")
+    ax.set_title(title)
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

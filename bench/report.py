@@ -19,14 +19,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.fleet import Cell, FleetPlan
+from bench.fleet import Cell, FleetPlan, is_peer
 from bench.peers import PEERS, peer_version
 from bench.plots import write_plots
 
 COLUMNS = (
     "router", "tiers", "load", "requests", "errors", "TTFT p50 ms", "TTFT p90 ms",
     "TTFT p99 ms", "req/s", "cached", "L0 hit", "L1 hit", "L2 hit", "cross-pod L2",
-    "overhead ms", "decision ms",
+    "overhead ms", "decision ms", "TTFT pred. error",
 )  # fmt: skip
 
 
@@ -57,6 +57,7 @@ def cell_row(c: Cell) -> list[str]:
         _pct(st.cross_pod_rate if st else None),
         _ms(c.overhead_ms),
         _ms(c.decision_ms),
+        _pct(s.ttft_prediction_error),
     ]
 
 
@@ -135,7 +136,7 @@ def peer_rows(cells: list[Cell]) -> list[list[str]]:
     rows = []
     for c in cells:
         kv = kv_cells.get((c.workload, c.tiers, c.load))
-        if c.router not in PEERS or c.summary is None or kv is None or kv.summary is None:
+        if not is_peer(c.router) or c.summary is None or kv is None or kv.summary is None:
             continue
         k, p = kv.summary.ttft_p90_ms, c.summary.ttft_p90_ms
         if not k or not p or math.isnan(k) or math.isnan(p):

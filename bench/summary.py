@@ -24,6 +24,8 @@ class RunSummary:
     cached_ratio: float  # cached prompt tokens / prompt tokens, as the pods reported in usage
     per_pod: dict[str, int]
     duration_s: float
+    # median |predicted - observed| / observed TTFT, for routers that predict it
+    ttft_prediction_error: float | None = None
 
     @property
     def throughput_rps(self) -> float:
@@ -53,4 +55,15 @@ def summarize(label: str, results: Sequence[RequestResult], duration_s: float) -
         cached_ratio=cached / prompt if prompt else 0.0,
         per_pod=dict(sorted(Counter(r.pod for r in ok if r.pod).items())),
         duration_s=duration_s,
+        ttft_prediction_error=prediction_error(ok),
     )
+
+
+def prediction_error(results: Sequence[RequestResult]) -> float | None:
+    """Median relative TTFT prediction error, |predicted - observed| / observed."""
+    errors = [
+        abs(r.predicted_ttft_s - r.ttft_s) / r.ttft_s
+        for r in results
+        if r.predicted_ttft_s is not None and r.ttft_s > 0
+    ]
+    return percentile(errors, 50) if errors else None

@@ -111,8 +111,10 @@ class VllmServer:
         name: str = "vllm",
         extra_args: Sequence[str] = (),
         extra_env: dict[str, str] | None = None,
+        cpus: str | None = None,
     ) -> None:
         self.python = python
+        self.cpus = cpus  # taskset list, e.g. "1": the whole server on that core
         self.model_dir = model_dir
         self.log_path = log_path
         self.name = name
@@ -144,8 +146,9 @@ class VllmServer:
             "replay_endpoint": f"tcp://*:{self.replay_port}",
             "topic": EVENTS_TOPIC,
         }
+        pin = ["taskset", "-c", self.cpus] if self.cpus else []
         return [
-            str(self.python), "-m", "vllm.entrypoints.openai.api_server",
+            *pin, str(self.python), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.model_dir),
             "--served-model-name", MODEL_NAME,
             "--host", "127.0.0.1",
@@ -283,11 +286,30 @@ class VllmServer:
 
 @contextlib.contextmanager
 def running_servers(
-    python: Path, model_dir: Path, log_dir: Path, n: int, timeout: float = 300
+    python: Path,
+    model_dir: Path,
+    log_dir: Path,
+    n: int,
+    timeout: float = 300,
+    extra_env: dict[str, str] | None = None,
+    pin_cores: bool = False,
 ) -> Iterator[list[VllmServer]]:
-    """Start n servers in parallel, wait for all, stop all on exit (even on error)."""
+    """Start n servers in parallel, wait for all, stop all on exit (even on error).
+
+    ``pin_cores``: server i runs on core i modulo the machine's cores (``taskset``), so
+    that on a small machine the pods do not share cores with each other, as pods on
+    accelerators of their own do not."""
+    cores = os.cpu_count() or 1
     servers = [
-        VllmServer(python, model_dir, log_dir / f"vllm-{i}.log", name=f"vllm-{i}") for i in range(n)
+        VllmServer(
+            python,
+            model_dir,
+            log_dir / f"vllm-{i}.log",
+            name=f"vllm-{i}",
+            extra_env=extra_env,
+            cpus=str(i % cores) if pin_cores else None,
+        )
+        for i in range(n)
     ]
     try:
         for s in servers:

@@ -189,3 +189,41 @@ def prefix_groups_workload(
         description=f"{groups} prefixes of {prefix_tokens} tokens (k={k} x fleet L0 "
         f"{fleet_l0_tokens} tokens), {requests} requests",
     )
+
+
+def user_contexts_workload(
+    tokenizer_dir: Path,
+    users: int = 16,
+    questions_per_user: int = 6,
+    system_tokens: int = 1024,
+    context_tokens: int = 512,
+    question_tokens: int = 32,
+    answer_tokens: int = 16,
+    seed: int = 0,
+) -> Workload:
+    """One shared system prompt, then a context per user (their profile, a document),
+    then a question: every request shares the system prompt, a user's requests share
+    their context too. Made for open-loop arrivals: ``requests()`` interleaves users."""
+    system = text_of_tokens(system_tokens, seed=f"users-sys-{seed}", tokenizer_dir=tokenizer_dir)
+    sessions = []
+    for u in range(users):
+        context = text_of_tokens(
+            context_tokens, seed=f"users-ctx-{seed}-{u}", tokenizer_dir=tokenizer_dir
+        )
+        turns = []
+        for q in range(questions_per_user):
+            question = text_of_tokens(
+                question_tokens, seed=f"users-q-{seed}-{u}-{q}", tokenizer_dir=tokenizer_dir
+            )
+            messages = [
+                {"role": "system", "content": system},
+                {"role": "user", "content": f"{context}\n\n{question}"},
+            ]
+            turns.append(ChatRequest(messages=messages, max_tokens=answer_tokens, user=f"u{u}"))
+        sessions.append(turns)
+    return Workload(
+        "users",
+        sessions,
+        description=f"a {system_tokens}-token system prompt, {users} users with "
+        f"{context_tokens}-token contexts, {users * questions_per_user} questions",
+    )

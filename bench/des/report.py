@@ -30,6 +30,7 @@ class DesSummary:
     per_pod: dict[str, int]
     simulated_s: float
     wall_s: float
+    ttft_prediction_error: float | None = None  # median |predicted - observed| / observed
 
     @property
     def cached_ratio(self) -> float:
@@ -61,7 +62,21 @@ def summarize_des(
         per_pod=dict(sorted(Counter(r.pod for r in results).items())),
         simulated_s=end - start,
         wall_s=wall_s,
+        ttft_prediction_error=_prediction_error(results),
     )
+
+
+def _prediction_error(results: Sequence[DesResult]) -> float | None:
+    errors = [
+        abs(r.predicted_ttft_s - r.ttft_s) / r.ttft_s
+        for r in results
+        if r.predicted_ttft_s is not None and r.ttft_s > 0
+    ]
+    return median(errors) if errors else None
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0%}"
 
 
 def _per_pod(per_pod: dict[str, int]) -> str:
@@ -75,7 +90,7 @@ def des_table(summaries: Sequence[DesSummary], title: str) -> Table:
     table = Table(title=title)
     columns = ("strategy", "tiers", "requests", "TTFT p50 ms", "TTFT p90 ms",
                "TTFT p99 ms", "L0 hit", "L1 hit", "L2 hit", "L2 cross-pod",
-               "requests per pod", "wall s")  # fmt: skip
+               "TTFT pred. error", "requests per pod", "wall s")  # fmt: skip
     for col in columns:
         left = col in ("strategy", "tiers", "requests per pod")
         table.add_column(col, justify="left" if left else "right")
@@ -91,6 +106,7 @@ def des_table(summaries: Sequence[DesSummary], title: str) -> Table:
             f"{s.hit_l1:.1%}",
             f"{s.hit_l2:.1%}",
             f"{s.cross_pod_l2:.0%}",
+            _pct(s.ttft_prediction_error),
             _per_pod(s.per_pod),
             f"{s.wall_s:.1f}",
         )
@@ -108,7 +124,8 @@ def over_seeds_table(groups: Mapping[tuple[str, str], Sequence[DesSummary]], tit
     """One row per (label, tiers): TTFT p90 median and range over seeds, mean cached share."""
     table = Table(title=title)
     columns = ("strategy", "tiers", "seeds", "TTFT p90 median ms", "p90 min ms", "p90 max ms",
-               "TTFT p50 median ms", "cached mean", "L2 cross-pod mean")  # fmt: skip
+               "TTFT p50 median ms", "cached mean", "L2 cross-pod mean",
+               "TTFT pred. error median")  # fmt: skip
     for col in columns:
         table.add_column(col, justify="left" if col in ("strategy", "tiers") else "right")
     for (label, tiers), runs in groups.items():
@@ -123,8 +140,14 @@ def over_seeds_table(groups: Mapping[tuple[str, str], Sequence[DesSummary]], tit
             f"{median(s.ttft_p50_ms for s in runs):.0f}",
             f"{mean(s.cached_ratio for s in runs):.1%}",
             f"{mean(s.cross_pod_l2 for s in runs):.0%}",
+            _pct(_median_or_none([s.ttft_prediction_error for s in runs])),
         )
     return table
+
+
+def _median_or_none(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return median(known) if known else None
 
 
 def print_over_seeds(

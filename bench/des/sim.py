@@ -157,6 +157,7 @@ class FleetSim:
             prompt_tokens=req.prompt_tokens,
             output_tokens=req.output_tokens,
             predicted_cached_tokens=decision.predicted_cached_tokens,
+            predicted_ttft_s=decision.predicted_ttft_s,
             reason=decision.reason,
             priority=req.priority,
             tenant=req.tenant,

