@@ -119,7 +119,7 @@ class Reloader:
         self._metrics = metrics
         self._lock = asyncio.Lock()
         self._watch: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[ReloadResult]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # reload_soon's: 2 at most
         self._loop: asyncio.AbstractEventLoop | None = None  # set while started
 
     async def reload(self, trigger: str) -> ReloadResult:
@@ -137,7 +137,12 @@ class Reloader:
             changed = [p for p in paths if not needs_restart(p)]
             restart = [p for p in paths if needs_restart(p)]
             if changed:
-                await gw.reconfigure(new.effective, new.strategies)
+                try:
+                    await gw.reconfigure(new.effective, new.strategies)
+                except Exception:  # a bug: say so, loudly, with what was being applied
+                    log.exception("config reload (%s) failed while applying %s", trigger,
+                                  ", ".join(changed))  # fmt: skip
+                    raise
             self._metrics.reloads.labels("applied").inc()
             log.info("config reloaded (%s): %s", trigger,
                      "changed " + ", ".join(changed) if changed else "nothing changed")  # fmt: skip
@@ -155,10 +160,18 @@ class Reloader:
         return result
 
     def reload_soon(self, trigger: str) -> None:
-        """``reload`` in a task of its own (from a signal handler or a bus message)."""
-        task = asyncio.get_running_loop().create_task(self.reload(trigger))
+        """``reload`` in a task of its own (from a signal handler or a bus message). One
+        reload runs and one waits at most: the waiting one reads the sources as they are
+        when it runs, so a burst of signals is one reload more, not one each."""
+        if len(self._tasks) >= 2:
+            return
+        task = asyncio.get_running_loop().create_task(self._reload_logged(trigger))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _reload_logged(self, trigger: str) -> None:
+        with contextlib.suppress(Exception):  # ``reload`` logged it
+            await self.reload(trigger)
 
     # -- triggers ------------------------------------------------------------------------
 
@@ -204,10 +217,8 @@ class Reloader:
                     break
                 now = settled
             seen = now
-            try:
+            with contextlib.suppress(Exception):  # logged by ``reload``; watching goes on
                 await self.reload("config file changed")
-            except Exception:  # a bug here must not stop watching
-                log.exception("config reload after a file change failed")
 
 
 Signature = tuple[int, int, int, int]

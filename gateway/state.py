@@ -81,7 +81,8 @@ class Gateway:
         self.admission = self._admission_for(new)
         self.proxy = Proxy(new, self.upstream, self.registry, self.router, self.metrics,
                            self.admission, self.tracing)  # fmt: skip
-        logging.getLogger().setLevel(new.log_level.upper())
+        if new.log_level != old.log_level:
+            logging.getLogger().setLevel(new.log_level.upper())
         await self._apply_pods(old.pods, new.pods)
         await self.kv.refollow([p for name in refollow if (p := self.registry.get(name))])
 
@@ -107,8 +108,6 @@ class Gateway:
         address or endpoints changed is another pod to routing."""
         before, after = {p.name: p for p in old}, {p.name: p for p in new}
         sink = RegistrySink(self.registry)
-        for name in before.keys() - after.keys():
-            await sink.remove(name)
         joining = []
         for name, cfg in after.items():
             was = before.get(name)
@@ -117,7 +116,9 @@ class Gateway:
             if was is not None and same_endpoints(was, cfg) and self.registry.update(cfg):
                 continue
             joining.append(sink.upsert(cfg))
-        await asyncio.gather(*joining)
+        await asyncio.gather(*joining)  # new pods in rotation first: a swap never leaves none
+        for name in before.keys() - after.keys():
+            await sink.remove(name)
 
 
 def build_routing(settings: Settings) -> RoutingCore:

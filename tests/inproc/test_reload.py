@@ -5,6 +5,7 @@ it whole and keeps serving with what runs."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -282,6 +283,48 @@ async def test_a_config_file_replaced_through_a_symlink_swap_is_reloaded(tmp_pat
         (tmp_path / "..data_tmp").symlink_to(second.name)
         (tmp_path / "..data_tmp").replace(tmp_path / "..data")
 
-        await wait_for_async(lambda: [p.name for p in g.gw.registry.all()] == ["pod-b"], 3.0,
-                             "the swapped file to be reloaded")  # fmt: skip
+        await wait_for_async(lambda: g.metric("kvgate_config_reloads_total", result="applied"),
+                             3.0, "the swapped file to be reloaded")  # fmt: skip
+        assert [p.name for p in g.gw.registry.all()] == ["pod-b"]
         assert (await g.chat()).headers["x-kvgate-pod"] == "pod-b"
+
+
+def stored(tokens: list[int], block: int, hashes: list[int]) -> str:
+    """One KV-event batch, as vLLM posts it: ``tokens`` stored in blocks of ``block``."""
+    event = {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": None,
+             "token_ids": tokens, "block_size": block, "lora_id": None, "medium": "GPU",
+             "lora_name": None}  # fmt: skip
+    return json.dumps([0.0, [event], None])
+
+
+async def test_a_changed_block_size_drops_the_pods_index_entries_and_keys_its_events_anew(
+    tmp_path, pod_a
+):
+    tokens = list(range(1, 33))
+    config = ConfigFile(tmp_path / "kvgate.yaml", pods=pods(pod_a),
+                        models={MODEL: {"block_size": 16}})  # fmt: skip
+    async with file_configured_gateway(config.path) as g:
+
+        async def post(body: str) -> None:
+            r = await g.admin.post("/admin/kv-events?pod=pod-a", content=body,
+                                   headers={"content-type": "application/json"})  # fmt: skip
+            assert r.status_code == 200, r.text
+
+        async def held() -> tuple[int, dict[str, int]]:
+            lookup = await g.admin.post(
+                "/admin/index/lookup", json={"model": MODEL, "prompt": tokens}
+            )
+            stats = (await g.admin.get("/admin/index/stats")).json()
+            pods_ = lookup.json()["pods"]
+            in_l0 = stats["per_pod"].get("pod-a", {}).get("L0", 0)
+            return in_l0, {p: v["l0_blocks"] for p, v in pods_.items()}
+
+        await post(stored(tokens, 16, [1, 2]))
+        before = await held()
+        config.write(models={MODEL: {"block_size": 32}})
+        await reload(g)
+        dropped = await held()
+        await post(stored(tokens, 32, [3]))
+        after = await held()
+
+    assert (before, dropped, after) == ((2, {"pod-a": 2}), (0, {}), (1, {"pod-a": 1}))
