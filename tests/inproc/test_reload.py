@@ -5,11 +5,14 @@ it whole and keeps serving with what runs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -194,47 +197,47 @@ async def test_settings_that_need_a_restart_are_reported_and_left_as_they_run(
         assert (s.port, s.index.backend, s.retry.max_attempts) == (8000, "memory", 1)
 
 
-async def test_raised_admission_limits_let_a_waiting_request_go(tmp_path, pod_a):
+ADMIT_ONE = {"enabled": True, "max_in_flight_per_pod": 1}
+
+
+@contextlib.asynccontextmanager
+async def requests_waiting(
+    tmp_path: Path, pod: ScriptedPod, n: int
+) -> AsyncIterator[tuple[InprocGateway, ConfigFile, list[asyncio.Task[httpx.Response]]]]:
+    """A gateway that admits one request per pod, that one held by ``pod``, and ``n``
+    requests waiting for it (their tasks)."""
     release = asyncio.Event()
-    pod_a.script(hang(until=release))
-    admission = {"enabled": True, "max_in_flight_per_pod": 1}
-    config = ConfigFile(tmp_path / "kvgate.yaml", pods=pods(pod_a), admission=admission)
+    pod.script(hang(until=release))
+    config = ConfigFile(tmp_path / "kvgate.yaml", pods=pods(pod), admission=ADMIT_ONE)
     async with file_configured_gateway(config.path) as g:
         first = g.stream_chat()
-        await wait_for_async(lambda: len(pod_a.received) == 1, 2.0, "the first request held")
-        second = asyncio.create_task(g.chat())
-        await asyncio.sleep(0.05)
-        assert g.metric("kvgate_admission_queue_length", priority="normal") == 1
-
-        config.write(admission={**admission, "max_in_flight_per_pod": 2})
-        await reload(g)
-        answer = await asyncio.wait_for(second, 2.0)
+        await wait_for_async(lambda: len(pod.received) == 1, 2.0, "the first request held")
+        waiting = [asyncio.create_task(g.chat()) for _ in range(n)]
+        await wait_for_async(lambda: g.metric("kvgate_admission_queue_length") == n, 2.0,
+                             f"{n} requests waiting")  # fmt: skip
+        yield g, config, waiting
         release.set()
         await first.finished()
 
-        assert answer.status_code == 200
+
+async def test_raised_admission_limits_let_a_waiting_request_go(tmp_path, pod_a):
+    async with requests_waiting(tmp_path, pod_a, 1) as (g, config, waiting):
+        config.write(admission={**ADMIT_ONE, "max_in_flight_per_pod": 2})
+        await reload(g)
+        answers = await asyncio.wait_for(asyncio.gather(*waiting), 2.0)
+
+        assert [a.status_code for a in answers] == [200]
         assert g.metric("kvgate_admission_queue_length", priority="normal") == 0
 
 
 async def test_switching_admission_off_releases_every_waiting_request(tmp_path, pod_a):
-    release = asyncio.Event()
-    pod_a.script(hang(until=release))
-    admission = {"enabled": True, "max_in_flight_per_pod": 1}
-    config = ConfigFile(tmp_path / "kvgate.yaml", pods=pods(pod_a), admission=admission)
-    async with file_configured_gateway(config.path) as g:
-        first = g.stream_chat()
-        await wait_for_async(lambda: len(pod_a.received) == 1, 2.0, "the first request held")
-        waiting = [asyncio.create_task(g.chat()) for _ in range(3)]
-        await asyncio.sleep(0.05)
-
+    async with requests_waiting(tmp_path, pod_a, 3) as (g, config, waiting):
         config.write(admission={"enabled": False})
         await reload(g)
         answers = await asyncio.wait_for(asyncio.gather(*waiting), 2.0)
-        release.set()
-        await first.finished()
 
         assert [a.status_code for a in answers] == [200, 200, 200]
-        assert g.gw.admission is None and g.load("pod-a") == 0
+        assert g.gw.admission is None and g.metric("kvgate_admission_queue_length") == 0
 
 
 async def test_a_changed_block_size_rebuilds_the_models_keys_and_a_tokenizer_its_tokenization(
