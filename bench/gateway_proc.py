@@ -34,23 +34,25 @@ def wait_ready(base_url: str, timeout: float = 30.0) -> None:
 
 
 class GatewayURL(str):
-    """The gateway's base URL (a plain ``str``), carrying its admin listener's URL and
-    its process id (with ``--workers`` > 1, the supervisor's)."""
+    """The gateway's base URL (a plain ``str``), carrying its admin listener's URL, its
+    process id (with ``--workers`` > 1, the supervisor's) and the file it logs to."""
 
     admin: str
     pid: int
+    log: Path | None
 
-    def __new__(cls, url: str, admin: str, pid: int = 0) -> GatewayURL:
+    def __new__(cls, url: str, admin: str, pid: int = 0, log: Path | None = None) -> GatewayURL:
         obj = super().__new__(cls, url)
         obj.admin = admin
         obj.pid = pid
+        obj.log = log
         return obj
 
 
 @contextlib.contextmanager
 def run_gateway(
     pods: list[tuple[str, str]],
-    strategy: str = "round-robin",
+    strategy: str | None = "round-robin",
     extra_args: list[str] | None = None,
     env: dict[str, str] | None = None,
     ready: bool = True,
@@ -62,6 +64,7 @@ def run_gateway(
 
     ``workers``: worker processes (``--workers``); 1 unless asked, so tests and
     benchmarks do not start one per core. ``port``: a fixed port (a restarted replica).
+    ``strategy`` None: no ``--strategy`` flag (the config file's or the default).
 
     ``pods`` entries may carry extra pod options after the URL, e.g.
     ``("a", "http://127.0.0.1:8001,events=tcp://127.0.0.1:5557")``.
@@ -70,14 +73,15 @@ def run_gateway(
     port, admin_port = port or picked[0], picked[-1]
     cmd = [sys.executable, "-m", "cli", "serve", "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--admin-port", str(admin_port), "--workers", str(workers)]
-    cmd += ["--strategy", strategy, "--log-level", "warning"]
+    cmd += ["--log-level", "warning"] + (["--strategy", strategy] if strategy else [])
     for name, url in pods:
         cmd += ["--pod", f"{name}={url}"]
     cmd += extra_args or []
     log = tempfile.NamedTemporaryFile(prefix="kvgate-gw-", suffix=".log", delete=False)
     full_env = {**os.environ, "KVGATE_HEALTH__INTERVAL_S": "0.5", **(env or {})}
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env)
-    base = GatewayURL(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}", proc.pid)
+    base = GatewayURL(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}", proc.pid,
+                      Path(log.name))  # fmt: skip
     try:
         wait_http(f"{base}/health", proc=proc)
         if ready:

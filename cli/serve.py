@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 from pathlib import Path
 from typing import Any
 
 DESCRIPTION = (
     "Run the OpenAI-compatible routing gateway in front of vLLM pods. "
-    "Settings come from --config YAML, then KVGATE_* env, then these flags."
+    "Settings come from --config YAML, then KVGATE_* env, then these flags; "
+    "SIGHUP (or a change of the --config file) reloads them."
 )
 
 
@@ -38,8 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gateway.config import load_settings, parse_pod_flag
+    from gateway.config import SettingsSource, parse_pod_flag
     from gateway.server import serve
+
+    # SIGHUP reloads the settings once the gateway runs; until then it must not stop it.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     overrides: dict[str, Any] = {
         "host": args.host,
@@ -53,9 +58,10 @@ def run(args: argparse.Namespace) -> int:
         overrides["admin"] = {"port": args.admin_port}
     if args.pods:
         overrides["pods"] = [parse_pod_flag(p) for p in args.pods]
-    settings = load_settings(args.config, **overrides)
+    source = SettingsSource(args.config, {k: v for k, v in overrides.items() if v is not None})
+    settings = source.load()
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    serve(settings)
+    serve(settings, source)
     return 0

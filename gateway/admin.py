@@ -1,4 +1,5 @@
-"""The admin app: KV events over HTTP, index inspection (``kvgate index``), metrics.
+"""The admin app: KV events over HTTP, index inspection (``kvgate index``), metrics,
+configuration reload.
 
 It is served on its own listener (``admin.host``/``admin.port``, loopback by default),
 never on the serving port, and only admin keys open it (``admin.api_keys``; with none
@@ -38,6 +39,7 @@ def admin_routes() -> list[Route]:
         Route("/admin/index/stats", index_stats, methods=["GET"]),
         Route("/admin/index/lookup", index_lookup, methods=["POST"]),
         Route("/admin/bounds", bounds, methods=["GET"]),
+        Route("/admin/reload", reload, methods=["POST"]),
     ]
 
 
@@ -130,6 +132,21 @@ async def index_lookup(request: Request) -> Response:
             "l2_blocks": match.l2,
         }
     )
+
+
+async def reload(request: Request) -> Response:
+    """Reload the settings from the sources the gateway started with (``gateway.reload``),
+    in every worker; the answer is this worker's: 200 applied (what changed, what needs
+    a restart), 422 rejected (why; the running settings stay)."""
+    gw = _admin(request)
+    if gw.reloader is None:
+        raise GatewayError(409, "this gateway has no settings source to reload from")
+    result = await gw.reloader.reload_all_workers("POST /admin/reload")
+    body = {"result": result.result, "changed": result.changed,
+            "needs_restart": result.needs_restart}  # fmt: skip
+    if result.result == "rejected":
+        return JSONResponse({**body, "reason": result.reason}, status_code=422)
+    return JSONResponse(body)
 
 
 async def bounds(request: Request) -> Response:

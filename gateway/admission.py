@@ -97,18 +97,45 @@ class Admission:
         metrics: AdmissionMetrics,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._s = settings
-        self._models = models
         self._router = router
         self._metrics = metrics
         self._clock = clock
+        self._queues: dict[str, AdmissionQueue] = {}  # one per model the pods serve
+        self._configure(settings, models)
+
+    def _configure(self, settings: AdmissionSettings, models: Mapping[str, ModelSettings]) -> None:
+        self._s = settings
+        self._models = models
         self._levels = {name: i for i, name in enumerate(settings.priorities)}
         self._default_level = self._levels[settings.default_priority]
         self._by_key = {k: t for t in settings.tenants for k in t.api_keys}
         self._by_name = {t.name: t for t in settings.tenants}
-        self._queues: dict[str, AdmissionQueue] = {}  # one per model the pods serve
         self._policies: dict[str, AdmissionPolicy] = {}
-        router.on_load_change = self._load_changed
+        self._router.on_load_change = self._load_changed
+
+    def reconfigure(self, settings: AdmissionSettings, models: Mapping[str, ModelSettings]) -> None:
+        """New settings (a configuration reload): requests that arrive from now on get
+        the new tenants, priorities and limits; waiting ones keep their place in line
+        (their priority by name; a name that is gone becomes the default priority) and
+        go as soon as the new limits allow."""
+        old = self._s.priorities
+        self._configure(settings, models)
+        levels = {i: self._levels.get(name, self._default_level) for i, name in enumerate(old)}
+        moved = levels if any(i != level for i, level in levels.items()) else None
+        for model, queue in self._queues.items():
+            queue.set_policy(self._policy(model), moved)
+            for gone in set(old) - set(settings.priorities):
+                self._metrics.queue_length.labels(model, gone).set(0)
+            self._gauge(model)
+            self._pump(model)
+
+    def release_all(self) -> None:
+        """Admission control was switched off (a reload): every waiting request goes
+        now, whatever the limits, and no request that arrives later waits."""
+        unlimited = self._s.model_copy(update={"max_in_flight_per_pod": 0,
+            "max_prefilling_per_pod": 0, "ttft_slo_ms": None, "slo_action": "shed"})  # fmt: skip
+        self.reconfigure(unlimited, {})
+        self._router.on_load_change = None  # nothing waits: no pump needed
 
     # -- the proxy's calls --------------------------------------------------------------
 

@@ -26,7 +26,7 @@ from gateway.admin import admin_routes
 from gateway.apis import APIS, error_style
 from gateway.asgi import Message, Receive, Scope, Send, header_map, send_error
 from gateway.auth import require_client_key
-from gateway.config import Settings
+from gateway.config import Settings, SettingsSource
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
 from gateway.openai_body import Kind
@@ -36,9 +36,12 @@ from gateway.workers import WorkerContext
 log = logging.getLogger("kvgate.app")
 
 
-def create_app(settings: Settings, worker: WorkerContext | None = None) -> FastAPI:
+def create_app(
+    settings: Settings, worker: WorkerContext | None = None, source: SettingsSource | None = None
+) -> FastAPI:
     """The serving app (its ``state.admin_app`` is the admin app); ``worker``: this
-    process is one of ``kvgate serve --workers N``."""
+    process is one of ``kvgate serve --workers N``; ``source``: where ``settings`` came
+    from, which a reload reads again (None: no reload)."""
     prometheus = CollectorRegistry()
     metrics = GatewayMetrics(prometheus)
     core = build_routing(settings)  # a bad strategy name or option fails here
@@ -51,7 +54,7 @@ def create_app(settings: Settings, worker: WorkerContext | None = None) -> FastA
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with running_gateway(settings, core, prometheus, metrics, worker) as gw:
+        async with running_gateway(settings, core, prometheus, metrics, worker, source) as gw:
             app.state.gw = admin.state.gw = gw
             yield
 

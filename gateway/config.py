@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextvars
 import ipaddress
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -287,6 +289,13 @@ class TracingSettings(BaseModel):
     max_queued_spans: int = Field(default=2048, ge=1)  # beyond: dropped until exported
 
 
+class ReloadSettings(BaseModel):
+    """Hot reload (``gateway/reload.py``): SIGHUP, ``POST /admin/reload``, and this."""
+
+    watch_config: bool = True  # reload when the --config file changes (a ConfigMap update)
+    watch_interval_s: float = Field(default=5.0, gt=0)  # how often its stat is compared
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="KVGATE_", env_nested_delimiter="__", extra="forbid"
@@ -318,6 +327,7 @@ class Settings(BaseSettings):
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
+    reload: ReloadSettings = Field(default_factory=ReloadSettings)
     max_upstream_connections: int = 4096  # pooled HTTP connections to all pods together
     # Processes serving the port (kvgate serve --workers); None: one per core this process
     # may use (CPU affinity, capped by a cgroup CPU limit). 1: a single process.
@@ -404,3 +414,21 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
         return Settings(**{k: v for k, v in overrides.items() if v is not None})
     finally:
         _yaml_path.reset(token)
+
+
+@dataclass(frozen=True)
+class SettingsSource:
+    """Where a gateway's settings come from: its ``--config`` file and the flags it was
+    started with (the environment is read again on every ``load``). A reload loads
+    from the same sources, in the same order, as start-up did."""
+
+    config_file: Path | None = None
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+
+    def load(self) -> Settings:
+        """The settings as they are now; a missing or empty ``--config`` file is an
+        error (read as no settings at all, it would drop every configured pod)."""
+        path = self.config_file
+        if path is not None and not path.read_text(encoding="utf-8").strip():
+            raise ValueError(f"config file {path} is empty")
+        return load_settings(path, **self.overrides)

@@ -1,6 +1,7 @@
 """The gateway's view of what is cached where.
 
-Glue between the service and ``kvindex``: per-model tokenization and block keys,
+Glue between the service and ``kvindex``: per-model tokenization
+(``gateway.prompt_tokens``) and block keys,
 the index store (embedded memory, or Redis shared by replicas with a local
 fallback), one KV-event subscriber per pod, and HTTP event ingestion. Routing
 asks ``lookup`` for a request's token ids, keys and ``PrefixMatch``.
@@ -15,7 +16,6 @@ model's, nor the other way round.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any, Protocol
@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter
 from gateway.config import ModelSettings, Settings
 from gateway.openai_body import ParsedRequest
 from gateway.pods import Pod
+from gateway.prompt_tokens import PromptTokens
 from gateway.tracing import span
 from kvindex.events.http_ingest import decode_http_events
 from kvindex.events.ingest import PodIngestor
@@ -35,13 +36,7 @@ from kvindex.keyer import BlockKeyer
 from kvindex.memory_store import MemoryStore
 from kvindex.metrics import EventMetrics
 from kvindex.store import IndexStore
-from kvindex.tokenization.anthropic import messages_prompt
-from kvindex.tokenization.engine import EngineTokenizer
-from kvindex.tokenization.errors import UnsupportedPrompt
-from kvindex.tokenization.front import Tokenization, TokenizationError
-from kvindex.tokenization.local import LocalTokenizer
-from kvindex.tokenization.prompt import ChatPrompt
-from kvindex.tokenization.responses import responses_prompt
+from kvindex.tokenization.front import Tokenization
 from kvindex.types import Bound
 from routing.core import IndexAnswer
 
@@ -52,7 +47,6 @@ log = logging.getLogger("kvgate.kv")
 # pending, new ones are dropped (the local view still has them): a slow Redis must not
 # grow a task per request without bound.
 MAX_PENDING_SPECULATIONS = 1024
-TOKENIZE_ATTEMPTS = 2  # pods asked for /tokenize before routing by load alone
 
 
 def build_store(
@@ -91,7 +85,6 @@ class KvIndex:
         writes_events: bool = True,
     ) -> None:
         self._s = settings
-        self._client = client
         self.store = build_store(settings, prometheus, writes_events)
         # Sibling worker processes (``gateway.siblings``): what only this worker learns.
         self.peers: IndexPeers | None = None
@@ -102,12 +95,10 @@ class KvIndex:
             ["model"],
             registry=prometheus,
         )
+        self.tokens = PromptTokens(settings, client)
         self._keyers: dict[str, BlockKeyer] = {}
-        self._tokenizers: dict[str, Tokenization] = {}
-        self._engines: dict[str, EngineTokenizer] = {}
         self._subscribers: dict[str, KVEventSubscriber] = {}
         self._http_ingestors: dict[str, PodIngestor] = {}
-        self._rotation = 0
         self._pending: set[asyncio.Task[None]] = set()
         self.speculations_dropped = 0
 
@@ -125,54 +116,49 @@ class KvIndex:
             keyer = self._keyers[model] = BlockKeyer(model, self.block_size(model))
         return keyer
 
-    def tokenization(self, model: str) -> Tokenization:
-        tok = self._tokenizers.get(model)
-        if tok is None:
-            ms = self.model_settings(model)
-            local = (
-                LocalTokenizer(ms.tokenizer)
-                if ms.tokenizer and ms.tokenizer_mode != "engine"
-                else None
-            )
-            mode = (
-                ms.tokenizer_mode
-                if local is not None or ms.tokenizer_mode == "engine"
-                else "engine"
-            )
-            tok = self._tokenizers[model] = Tokenization(model, mode=mode, local=local)
-        return tok
-
     async def warm_up(self, models: Iterable[str]) -> None:
-        """Load these models' local tokenizers, and compile their chat templates, in a
-        worker thread before the gateway serves: done on the first request, the
-        transformers import and load (~1-2 s) would stall the event loop, and every
-        request in flight with it. A tokenizer that fails is logged; requests then
-        fall back as ``tokenization`` decides."""
-        for model in models:
-            try:
-                await asyncio.to_thread(self._warm_tokenizer, model)
-            except Exception as exc:  # noqa: BLE001  (a bad tokenizer must not stop start-up)
-                log.warning("tokenizer for %s did not load: %r", model, exc)
+        """These models' tokenizers loaded before the gateway serves (``PromptTokens``)."""
+        await self.tokens.warm_up(models)
 
-    def _warm_tokenizer(self, model: str) -> None:
-        local = self.tokenization(model).local
-        if local is None:
-            return
-        local.encode("warm up", add_special_tokens=False)
-        with contextlib.suppress(UnsupportedPrompt):  # a model without a chat template
-            local.render_chat(ChatPrompt([{"role": "user", "content": "warm up"}]))
-        local.anthropic_facts  # noqa: B018  (probes the template, a few renders)
+    async def load_tokenizers(
+        self, settings: Settings, warm: Iterable[str]
+    ) -> dict[str, Tokenization]:
+        """For a reload to ``settings``: the tokenizers that change, loaded in a thread."""
+        return await self.tokens.load(settings, warm)
 
-    def _engine_for(self, pod: Pod) -> EngineTokenizer:
-        eng = self._engines.get(pod.name)
-        if eng is None:
-            eng = self._engines[pod.name] = EngineTokenizer(
-                pod.url,
-                client=self._client,
-                timeout_s=self._s.timeouts.tokenize_s,
-                api_key=pod.config.api_key,
-            )
-        return eng
+    def use_settings(self, settings: Settings, tokenizers: dict[str, Tokenization]) -> list[str]:
+        """Take new settings (a reload) with the ``load_tokenizers`` made for them;
+        return the pods whose KV events must be followed anew (``refollow``).
+
+        A model whose block size changed gets a new keyer, and the index entries of its
+        pods, keyed by the old block size, can never match a lookup again: ``refollow``
+        drops them and follows those pods' events again (replayed from the pod's
+        replay endpoint, where it has one). A new tokenizer leaves the index as it is:
+        keys come from the engine's token ids."""
+        self.tokens.use_settings(settings, tokenizers)
+        self._s = settings
+        rekeyed = [m for m, k in self._keyers.items() if k.block_size != self.block_size(m)]
+        for model in rekeyed:
+            del self._keyers[model]
+        ingestors = {**self._http_ingestors,
+                     **{name: sub.ingestor for name, sub in self._subscribers.items()}}  # fmt: skip
+        stale = sorted(p for p, ing in ingestors.items() if ing.keyer.model in rekeyed)
+        if rekeyed:
+            log.info("block size of %s changed: the index entries of %s are dropped and "
+                     "their KV events followed anew", ", ".join(rekeyed),
+                     ", ".join(stale) or "no pod")  # fmt: skip
+        return stale
+
+    async def refollow(self, pods: Iterable[Pod]) -> None:
+        """Forget what the index holds of ``pods`` and follow their KV events again."""
+        for pod in pods:
+            self._http_ingestors.pop(pod.name, None)
+            sub = self._subscribers.pop(pod.name, None)
+            if sub is not None:
+                await sub.stop()
+            await self.store.drop_pod(pod.name)
+            if pod.healthy:
+                await self.pod_admitted(pod)
 
     # -- requests --
 
@@ -185,7 +171,7 @@ class KvIndex:
         base, lora = lora_of(model, pods)
         try:
             with span("kvgate.tokenize"):
-                token_ids = await self._tokens_with_failover(parsed, base, pods)
+                token_ids = await self.tokens.token_ids(parsed, base, pods)
                 if token_ids is None:
                     return None
                 keys = self.keyer(base).keys_for(token_ids, lora, salt)
@@ -198,46 +184,6 @@ class KvIndex:
         with span("kvgate.index_lookup"):
             match = await self.store.match(keys, self.block_size(base))
         return IndexAnswer(len(token_ids), keys, match)
-
-    async def _tokens_with_failover(
-        self, parsed: ParsedRequest, model: str, pods: list[Pod]
-    ) -> list[int] | None:
-        """``_tokens``, asking the next pod's ``/tokenize`` when one fails or times out
-        (each call is bounded by ``timeouts.tokenize_s``): one pod whose tokenizer hangs
-        must not hang the requests that happen to be sent to it."""
-        # Spread engine-mode tokenization over the pods rather than loading the first.
-        self._rotation += 1
-        turns = [pods[(self._rotation + i) % len(pods)] for i in range(len(pods))] or [None]
-        for i, pod in enumerate(turns[:TOKENIZE_ATTEMPTS]):
-            engine = self._engine_for(pod) if pod is not None else None
-            try:
-                return await self._tokens(parsed, model, engine)
-            except TokenizationError:
-                if i + 1 >= min(len(turns), TOKENIZE_ATTEMPTS):
-                    raise
-        return None
-
-    async def _tokens(
-        self, parsed: ParsedRequest, model: str, engine: EngineTokenizer | None
-    ) -> list[int] | None:
-        tok = self.tokenization(model)
-        body = parsed.body
-        if parsed.kind == "chat":
-            return await tok.chat(ChatPrompt.from_body(body), engine=engine)
-        if parsed.kind == "responses":
-            return await tok.chat(responses_prompt(body), engine=engine)
-        if parsed.kind == "messages":
-            facts = tok.local.anthropic_facts if tok.local is not None else None
-            return await tok.chat(messages_prompt(body, facts), engine=engine)
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1:
-            prompt = prompt[0]  # a batch of one
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            return list(prompt)
-        if isinstance(prompt, str):
-            add_special = bool(body.get("add_special_tokens", True))
-            return await tok.completion(prompt, add_special_tokens=add_special, engine=engine)
-        return None  # batched prompts are not routed by cache
 
     def speculate(self, pod: str, keys: Sequence[int]) -> None:
         """The routing core's speculation: recorded in the local view before the next
@@ -292,7 +238,7 @@ class KvIndex:
         if sub is not None:
             await sub.stop()
         self._http_ingestors.pop(name, None)
-        self._engines.pop(name, None)
+        self.tokens.forget_pod(name)
         self.event_metrics.forget_pod(name)
         await self.store.drop_pod(name)
 
@@ -347,8 +293,7 @@ class KvIndex:
         ingestors = [s.ingestor for s in self._subscribers.values()]
         for ingestor in [*ingestors, *self._http_ingestors.values()]:
             out.update(ingestor.bounds())
-        for model, tok in self._tokenizers.items():
-            out[f"token_cache[{model}]"] = tok.cache.bound()
+        out.update(self.tokens.bounds())
         for model, keyer in self._keyers.items():
             out[f"keyer_roots[{model}]"] = keyer.bound()
         pending = Bound(len(self._pending), MAX_PENDING_SPECULATIONS, "writes", 2_000)

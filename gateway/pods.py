@@ -71,6 +71,12 @@ class Pod:
         return parent if isinstance(parent, str) and parent else None
 
 
+def same_endpoints(a: PodConfig, b: PodConfig) -> bool:
+    """Whether two configs of a pod name one engine: its address and event endpoints."""
+    return (a.url, a.kv_events, a.kv_replay, a.dp_ranks) == (
+        b.url, b.kv_events, b.kv_replay, b.dp_ranks)  # fmt: skip
+
+
 def parse_engine_load(text: str) -> dict[str, float]:
     """Sum the scraped vLLM gauges over their label sets (one per engine)."""
     out: dict[str, float] = {}
@@ -122,6 +128,21 @@ class PodRegistry:
         self._pods[cfg.name] = pod
         self._metrics.pod_healthy.labels(cfg.name).set(0)
         return pod
+
+    def update(self, cfg: PodConfig) -> Pod | None:
+        """The same pod (name, address and event endpoints) with other credentials or
+        configured models (a configuration reload): it keeps its health, load and
+        index entries; requests from now on use the new settings."""
+        pod = self._pods.get(cfg.name)
+        if pod is not None:
+            pod.config = cfg
+            pod.models = set(pod.model_cards) | set(cfg.models)
+        return pod
+
+    def configure(self, health: HealthSettings, lora: LoraSettings) -> None:
+        """New health and model-listing settings (a reload); the next probe round uses them."""
+        self._health = health
+        self._lora = lora
 
     async def remove(self, name: str) -> None:
         """The pod left the fleet (discovery): out of rotation, then removal listeners."""

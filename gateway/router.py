@@ -37,11 +37,16 @@ class Router:
         self.core = core
         self._kv = kv
         self._metrics = metrics
-        self._session_header = session_header.lower()
-        self._session_field = session_body_field
+        self.set_session_source(session_header, session_body_field)
         # Told (model, released) when a request's load drops: its prefill ended (False)
         # or it finished (True). Admission control wakes its waiters on it.
         self.on_load_change: Callable[[str, bool], None] | None = None
+
+    def set_session_source(self, header: str, body_field: str) -> None:
+        """Where the session strategy finds a request's session: this header, else this
+        body field."""
+        self._session_header = header.lower()
+        self._session_field = body_field
 
     def strategy_for(self, model: str) -> Strategy:
         return self.core.strategy_for(model)

@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 from typing import Any
 
 import uvicorn
+from fastapi import FastAPI
 
 from gateway.app import create_app
-from gateway.config import Settings
+from gateway.config import Settings, SettingsSource
 from gateway.http_limits import guarded_protocol
+from gateway.reload import latest_settings
 from gateway.workers import Supervisor, WorkerContext, default_workers, reuseport_socket
 
 log = logging.getLogger("kvgate.server")
@@ -97,25 +100,28 @@ class WorkerHeader:
         await self.app(scope, receive, tagged)
 
 
-def serve(settings: Settings) -> None:
+def serve(settings: Settings, source: SettingsSource | None = None) -> None:
     """Run the gateway until SIGINT/SIGTERM: one process, or a supervisor and its
-    ``settings.workers`` worker processes (None: one per core)."""
+    ``settings.workers`` worker processes (None: one per core). ``source``: where
+    ``settings`` came from; SIGHUP reloads from it (``gateway.reload``)."""
     count = settings.workers if settings.workers is not None else default_workers()
     if count > 1:
-        serve_workers(settings, count)
+        serve_workers(settings, count, source)
         return
-    serving = create_app(settings)
+    serving = create_app(settings, source=source)
     sockets = [bind(settings.host, settings.port)]
     admin_port = None
     if settings.admin.port is not None:
         sockets.append(bind(settings.admin.host, settings.admin.port))
         admin_port = sockets[-1].getsockname()[1]
     app = ByListener(serving, serving.state.admin_app, admin_port)
+    reload_on_sighup(serving)
     uvicorn.Server(uvicorn_config(settings, app)).run(sockets=sockets)
 
 
-def serve_workers(settings: Settings, count: int) -> None:
-    """The supervisor: reserve the ports, fork ``count`` workers, run until a signal."""
+def serve_workers(settings: Settings, count: int, source: SettingsSource | None = None) -> None:
+    """The supervisor: reserve the ports, fork ``count`` workers, run until a signal
+    (SIGHUP: every worker reloads its settings)."""
     reserved = reuseport_socket(settings.host, settings.port, listen=False)
     port = reserved.getsockname()[1]
     admin_sock, admin_port = None, None
@@ -129,8 +135,10 @@ def serve_workers(settings: Settings, count: int) -> None:
         sockets = [reuseport_socket(settings.host, port, listen=True)]
         if admin_sock is not None:
             sockets.append(admin_sock)
-        serving = create_app(settings, ctx)
+        # A worker restarted after a reload runs what its siblings reloaded.
+        serving = create_app(latest_settings(source, settings), ctx, source)
         app = WorkerHeader(ByListener(serving, serving.state.admin_app, admin_port), ctx.index)
+        reload_on_sighup(serving)
         uvicorn.Server(uvicorn_config(settings, app)).run(sockets=sockets)
         return 0
 
@@ -143,6 +151,18 @@ def serve_workers(settings: Settings, count: int) -> None:
     reserved.close()
     if code:
         raise SystemExit(code)
+
+
+def reload_on_sighup(serving: FastAPI) -> None:
+    """SIGHUP reloads the settings of the gateway ``serving`` runs, once it runs (before,
+    the settings just read are the newest); it never stops the process."""
+
+    def on_sighup(signum: int, frame: object) -> None:
+        gw = getattr(serving.state, "gw", None)
+        if gw is not None and gw.reloader is not None:
+            gw.reloader.sighup()
+
+    signal.signal(signal.SIGHUP, on_sighup)
 
 
 def use_multiprocess_metrics(directory: str) -> None:

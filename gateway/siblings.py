@@ -9,7 +9,8 @@ help. Two things reach one worker only and go on its ring of the host bus
   by the kernel, waits for the pod that is prefilling it instead of prefilling it
   again elsewhere;
 * KV-event bodies posted to its admin listener (``/admin/kv-events``): every worker
-  applies them, in order, to its own index.
+  applies them, in order, to its own index;
+* ``POST /admin/reload``: every worker reloads its settings (``gateway.reload``).
 
 Siblings' messages are read before every index lookup (``drain``) and every
 ``DRAIN_EVERY_S`` in the background. A speculation carries its deadline on the
@@ -27,7 +28,7 @@ import contextlib
 import logging
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gateway.host_bus import BusEndpoint
@@ -39,6 +40,7 @@ log = logging.getLogger("kvgate.siblings")
 
 SPECULATE = 1
 HTTP_EVENTS = 2
+RELOAD = 3  # POST /admin/reload reached one worker: every worker reloads its settings
 DRAIN_EVERY_S = 0.01
 MAX_QUEUED_BODIES = 256  # posted event bodies waiting to be applied here
 _SPEC_HEAD = struct.Struct("<dH")  # deadline (monotonic s), pod name length
@@ -90,8 +92,11 @@ class Siblings:
         self._bodies: asyncio.Queue[tuple[str, bytes, str]] = asyncio.Queue(MAX_QUEUED_BODIES)
         self._tasks: list[asyncio.Task[None]] = []
         self.bodies_dropped = 0  # queue full, or the pod unknown here
+        # Called when a sibling asks every worker to reload (``gateway.reload`` sets it).
+        self.on_reload: Callable[[], None] | None = None
         endpoint.on(SPECULATE, self._on_speculation)
         endpoint.on(HTTP_EVENTS, self._on_events)
+        endpoint.on(RELOAD, self._on_reload)
 
     # -- IndexPeers ---------------------------------------------------------------------
 
@@ -107,7 +112,16 @@ class Siblings:
         if not self.endpoint.publish(HTTP_EVENTS, encode_events(pod, body, content_type)):
             log.warning("KV events posted for %s did not reach the sibling workers", pod)
 
+    def request_reload(self) -> None:
+        """This worker was asked to reload its settings: the others must, too."""
+        if not self.endpoint.publish(RELOAD, b""):
+            log.warning("the reload request did not reach the sibling workers")
+
     # -- the siblings' messages ---------------------------------------------------------
+
+    def _on_reload(self, sender: int, payload: bytes) -> None:
+        if self.on_reload is not None:
+            self.on_reload()
 
     def _on_speculation(self, sender: int, payload: bytes) -> None:
         pod, keys, deadline = decode_speculation(payload)

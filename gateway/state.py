@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -19,18 +20,21 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from gateway.admission import Admission, AdmissionMetrics
-from gateway.config import Settings
+from gateway.config import PodConfig, Settings, SettingsSource
 from gateway.discovery import DiscoveryMetrics, PodDiscovery, RegistrySink
 from gateway.kv import KvIndex
 from gateway.metrics import GatewayMetrics
-from gateway.pods import PodRegistry
+from gateway.pods import PodRegistry, same_endpoints
 from gateway.proxy import Proxy
+from gateway.reload import Reloader, ReloadMetrics
 from gateway.router import Router
 from gateway.scale_out import ScaleOut, scale_out
 from gateway.tracing import Tracing
 from gateway.upstream import Upstream
 from gateway.workers import WorkerContext
 from routing.core import RoutingCore
+from routing.strategy_set import StrategySet
+from routing.types import Need
 
 
 @dataclass
@@ -49,7 +53,72 @@ class Gateway:
     # What /metrics renders: ``prometheus`` itself, or with workers every worker's
     # metrics summed (Prometheus's multiprocess mode).
     exposition: CollectorRegistry
+    upstream: Upstream
     admission: Admission | None = None  # admission.enabled
+    tracing: Tracing | None = None  # tracing.enabled
+    reloader: Reloader | None = None  # None: no settings source to reload from
+    # Built once admission control was first enabled, and kept while it is off again
+    # (its metrics are registered once; waiters left when it was switched off drain).
+    admission_control: Admission | None = None
+
+    async def reconfigure(self, new: Settings, strategies: StrategySet) -> None:
+        """Run with ``new`` settings from now on (``gateway.reload`` validated them, and
+        built ``strategies``, and kept the restart-only settings as they are).
+
+        What takes time comes first and changes nothing (new tokenizers load in a
+        thread); then every part takes its new settings with no await in between, so a
+        request sees the old configuration or the new one whole; then the pods that
+        left, came or changed are applied, and re-keyed pods' events followed anew.
+        A request in flight keeps the proxy, settings and strategy it started with;
+        the load view, and with it the counts of requests in flight, stays."""
+        uses_index = [m for m in new.models if Need.INDEX in strategies.for_model(m).needs]
+        tokenizers = await self.kv.load_tokenizers(new, uses_index)
+        old, self.settings = self.settings, new
+        self.router.core.use_strategies(strategies)
+        self.router.set_session_source(new.session_header, new.session_body_field)
+        self.registry.configure(new.health, new.lora)
+        refollow = self.kv.use_settings(new, tokenizers)
+        self.admission = self._admission_for(new)
+        self.proxy = Proxy(new, self.upstream, self.registry, self.router, self.metrics,
+                           self.admission, self.tracing)  # fmt: skip
+        if new.log_level != old.log_level:
+            logging.getLogger().setLevel(new.log_level.upper())
+        await self._apply_pods(old.pods, new.pods)
+        await self.kv.refollow([p for name in refollow if (p := self.registry.get(name))])
+
+    def _admission_for(self, new: Settings) -> Admission | None:
+        built = self.admission_control
+        if new.admission.enabled:
+            if built is None:
+                built = Admission(new.admission, new.models, self.router,
+                                  AdmissionMetrics(self.prometheus))  # fmt: skip
+                self.registry.on_admit(built.pod_admitted)
+                self.admission_control = built
+            else:
+                built.reconfigure(new.admission, new.models)
+            return built
+        if built is not None:
+            built.release_all()
+        return None
+
+    async def _apply_pods(self, old: list[PodConfig], new: list[PodConfig]) -> None:
+        """Configured pods that left go, new ones are probed (and admitted at once if
+        they answer), like discovery's. A pod at the same address and event endpoints
+        with other keys or models keeps its health, load and index entries; one whose
+        address or endpoints changed is another pod to routing."""
+        before, after = {p.name: p for p in old}, {p.name: p for p in new}
+        sink = RegistrySink(self.registry)
+        joining = []
+        for name, cfg in after.items():
+            was = before.get(name)
+            if was == cfg:
+                continue
+            if was is not None and same_endpoints(was, cfg) and self.registry.update(cfg):
+                continue
+            joining.append(sink.upsert(cfg))
+        await asyncio.gather(*joining)  # new pods in rotation first: a swap never leaves none
+        for name in before.keys() - after.keys():
+            await sink.remove(name)
 
 
 def build_routing(settings: Settings) -> RoutingCore:
@@ -66,12 +135,15 @@ async def running_gateway(
     prometheus: CollectorRegistry,
     metrics: GatewayMetrics,
     worker: WorkerContext | None = None,
+    source: SettingsSource | None = None,
 ) -> AsyncIterator[Gateway]:
     """Build, start, yield, and stop one gateway: the order of both lives here.
 
     Requests to pods go through ``Upstream`` (aiohttp, the hot path); health probes,
     engine ``/tokenize`` calls and discovery use the httpx ``client``. ``worker``: this
-    process is one of ``kvgate serve --workers N`` (``gateway.workers``)."""
+    process is one of ``kvgate serve --workers N`` (``gateway.workers``). ``source``:
+    where its settings came from; with one, SIGHUP, ``POST /admin/reload`` and a
+    change of the config file reload them (``gateway.reload``)."""
     limits = httpx.Limits(
         max_connections=settings.max_upstream_connections,
         max_keepalive_connections=settings.max_upstream_connections,
@@ -104,7 +176,10 @@ async def running_gateway(
             exposition = CollectorRegistry()
             multiprocess.MultiProcessCollector(exposition, path=worker.metrics_dir)
         gw = Gateway(settings, registry, router, proxy, metrics, prometheus, client, kv, scale,
-                     exposition, admission)  # fmt: skip
+                     exposition, upstream, admission, tracing,
+                     admission_control=admission)  # fmt: skip
+        if source is not None:
+            gw.reloader = Reloader(gw, source, ReloadMetrics(prometheus))
         await kv.warm_up(m for m in settings.models if router.uses_index(m))
         await registry.start()
         await scale.start()
@@ -114,9 +189,13 @@ async def running_gateway(
                 settings.discovery, RegistrySink(registry), DiscoveryMetrics(prometheus)
             )
             await discovery.start()
+        if gw.reloader is not None:
+            await gw.reloader.start()
         try:
             yield gw
         finally:
+            if gw.reloader is not None:
+                await gw.reloader.stop()
             if discovery is not None:
                 await discovery.stop()
             await registry.stop()

@@ -145,8 +145,10 @@ class Supervisor:
                              self.metrics_dir)  # fmt: skip
 
     def run(self) -> int:
-        """Until SIGTERM/SIGINT (then the workers' exit status) or repeated crashes (1)."""
+        """Until SIGTERM/SIGINT (then the workers' exit status) or repeated crashes (1);
+        SIGHUP is passed on to every worker (each reloads its settings)."""
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._forward)
         try:
             for i in range(self.count):
                 self._spawn(i)
@@ -164,6 +166,7 @@ class Supervisor:
             try:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     signal.signal(sig, signal.SIG_DFL)
+                signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the worker takes it
                 code = self.run_worker(self.context(index))
             except BaseException:  # noqa: BLE001  (a worker must never return into the supervisor)
                 log.exception("worker %d failed", index)
@@ -178,6 +181,11 @@ class Supervisor:
         for pid in list(self._children):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
+
+    def _forward(self, signum: int, _frame: object) -> None:
+        for pid in list(self._children):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
 
     def _watch(self) -> int:
         status = 0

@@ -33,7 +33,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -139,15 +139,39 @@ class AdmissionQueue:
 
     def __init__(self, policy: AdmissionPolicy) -> None:
         self.policy = policy
-        levels = policy.priorities
+        self._seq = 0
+        self._dispatched: deque[float] = deque(maxlen=max(2, policy.drain_window))
+        self._reset_levels()
+
+    def _reset_levels(self) -> None:
+        levels = self.policy.priorities
         self._heaps: list[list[Ticket]] = [[] for _ in range(levels)]
         self._waiting = [0] * levels  # live tickets per level (heaps also hold dead ones)
         self._vtime = [0.0] * levels
         self._finish: list[BoundedLRU[str, float]] = [
-            BoundedLRU(policy.max_tenants) for _ in range(levels)
+            BoundedLRU(self.policy.max_tenants) for _ in range(levels)
         ]
-        self._seq = 0
-        self._dispatched: deque[float] = deque(maxlen=max(2, policy.drain_window))
+
+    def set_policy(self, policy: AdmissionPolicy, levels: Mapping[int, int] | None = None) -> None:
+        """Admit by ``policy`` from now on (a configuration reload); waiting requests stay.
+
+        When the priority levels or the tenant bound change, every waiter is queued
+        again in its old order, at ``levels[old level]`` (default: the same level, or
+        the least urgent one that is left); their fair-queueing tags start afresh."""
+        same_shape = (policy.priorities, policy.max_tenants) == (
+            self.policy.priorities, self.policy.max_tenants)  # fmt: skip
+        self._dispatched = deque(self._dispatched, maxlen=max(2, policy.drain_window))
+        if same_shape and not levels:
+            self.policy = policy
+            return
+        waiters = sorted((t for heap in self._heaps for t in heap if t.state == "waiting"),
+                         key=lambda t: (t.priority, t._tag, t._seq))  # fmt: skip
+        self.policy = policy
+        self._reset_levels()
+        for t in waiters:
+            level = (levels or {}).get(t.priority, t.priority)
+            t.priority = min(max(level, 0), policy.priorities - 1)
+            self._enqueue(t)
 
     # -- what the caller asks -------------------------------------------------------
 

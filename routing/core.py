@@ -27,7 +27,7 @@ from typing import Any
 
 from kvindex.types import Bound, PrefixMatch
 from routing.load import InFlight, LoadTracker, LoadView
-from routing.strategy_registry import build_strategy, canonical_name
+from routing.strategy_set import StrategySet
 from routing.types import Decision, Need, Outcome, PodView, RouteRequest, Strategy
 
 # Record keys as speculatively held in L0 by a pod (the index's ``speculate``, TTL
@@ -93,8 +93,7 @@ class RoutingCore:
         speculate: Speculate | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._default = default
-        self._per_model = dict(per_model or {})
+        self.use_strategies(StrategySet(default, dict(per_model or {})))
         self.load: LoadView = load if load is not None else LoadTracker()
         self._speculate = speculate
         self._clock = clock
@@ -110,14 +109,23 @@ class RoutingCore:
         """Build the strategies by (alias) name; options are keyed by canonical name.
 
         An unknown name or a bad option raises here, at start-up."""
-        opts = options or {}
+        built = StrategySet.build(default, options, model_strategies)
+        core = cls(built.default, built.per_model, **kwargs)
+        core.use_strategies(built)  # with the specs: a reload keeps what did not change
+        return core
 
-        def build(name: str) -> Strategy:
-            canonical = canonical_name(name)
-            return build_strategy(canonical, opts.get(canonical))
+    @property
+    def strategy_set(self) -> StrategySet:
+        """The strategies in use (a reload builds the next set over this one)."""
+        return self._strategies
 
-        per_model = {model: build(name) for model, name in (model_strategies or {}).items()}
-        return cls(build(default), per_model, **kwargs)
+    def use_strategies(self, strategies: StrategySet) -> None:
+        """Route new requests with ``strategies``. The load view stays, so requests in
+        flight keep counting; each finishes on (and is observed by) the strategy that
+        routed it, which ``Routed`` holds."""
+        self._strategies = strategies
+        self._default = strategies.default
+        self._per_model = strategies.per_model
 
     def set_load(self, load: LoadView) -> None:
         """Where load is counted and read (a fleet-wide view, once the gateway has one)."""
@@ -133,7 +141,7 @@ class RoutingCore:
         return self._per_model.get(model, self._default)
 
     def strategies(self) -> list[Strategy]:
-        return [self._default, *self._per_model.values()]
+        return self._strategies.strategies()
 
     def needs_index(self, model: str) -> bool:
         """Whether requests for ``model`` are tokenized and looked up in the index."""

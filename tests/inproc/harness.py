@@ -13,6 +13,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,7 +21,7 @@ from fastapi import FastAPI
 
 from bench.polling import wait_for_async
 from gateway.app import create_app
-from gateway.config import Settings
+from gateway.config import Settings, SettingsSource
 from gateway.state import Gateway
 from tests.inproc.scripted_pod import MODEL, ScriptedPod
 
@@ -106,6 +107,21 @@ async def inproc_gateway(*pods: ScriptedPod, **settings: Any) -> AsyncIterator[I
     ``timeouts={"first_byte_s": 0.2}`` keeps ``FAST``'s other timeouts."""
     sections = {name: {**fields, **settings.pop(name, {})} for name, fields in FAST.items()}
     app = create_app(Settings(pods=[p.config for p in pods], **sections, **settings))
+    async with _started(app) as g:
+        yield g
+
+
+@contextlib.asynccontextmanager
+async def file_configured_gateway(config_file: Path) -> AsyncIterator[InprocGateway]:
+    """A started gateway whose settings come from ``config_file`` as ``kvgate serve
+    --config`` reads them, and are reloaded from it (``POST /admin/reload``)."""
+    source = SettingsSource(config_file)
+    async with _started(create_app(source.load(), source=source)) as g:
+        yield g
+
+
+@contextlib.asynccontextmanager
+async def _started(app: FastAPI) -> AsyncIterator[InprocGateway]:
     serving = httpx.ASGITransport(app=app)
     admin = httpx.ASGITransport(app=app.state.admin_app)
     async with (

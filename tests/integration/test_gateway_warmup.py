@@ -25,10 +25,10 @@ async def test_configured_tokenizers_are_loaded_at_start_up_when_the_strategy_us
 
     async with app.router.lifespan_context(app):
         kv = app.state.gw.kv
-        loaded = "tiny" in kv._tokenizers  # noqa: SLF001  (what the first request would do)
+        loaded = "tiny" in kv.tokens._tokenizers  # noqa: SLF001  (what the first request would do)
         assert loaded is warmed
         if warmed:
-            assert kv.tokenization("tiny").local is not None
+            assert kv.tokens.tokenization("tiny").local is not None
 
 
 async def test_a_tokenizer_that_does_not_load_is_logged_and_start_up_goes_on(

@@ -226,3 +226,27 @@ def test_a_waiting_request_is_predicted_the_wait_for_a_slot_plus_the_pods_ttft_n
     predicted = [q.arrive(ticket(f"#{i}"), 0.5, full).predicted_ttft_s for i in range(3)]
     assert predicted == pytest.approx([0.85, 1.1, 1.1])  # the 2nd and 3rd would be late
     assert q.waiting == 1
+
+
+def test_new_limits_apply_to_the_requests_already_waiting():
+    q = AdmissionQueue(AdmissionPolicy(max_queue=10))
+    for name in ("a", "b"):
+        q.arrive(ticket(name), 0.0, always(FULL))
+
+    q.set_policy(AdmissionPolicy(max_queue=2))
+
+    assert q.waiting == 2 and q.policy.max_queue == 2
+    assert q.arrive(ticket("c"), 0.0, always(FULL)).reason == "queue_full"
+    assert drain(q) == ["a", "b"]
+
+
+def test_fewer_priority_levels_requeue_the_waiters_in_their_order_at_their_new_levels():
+    q = AdmissionQueue(AdmissionPolicy(priorities=3))
+    for name, level in (("low-1", 2), ("high", 0), ("normal", 1), ("low-2", 2)):
+        q.arrive(ticket(name, level), 0.0, always(FULL))
+
+    # "normal" is gone: its waiters take "low"'s level, now 1
+    q.set_policy(AdmissionPolicy(priorities=2), levels={0: 0, 1: 1, 2: 1})
+
+    assert q.lengths() == [1, 3]
+    assert drain(q) == ["high", "normal", "low-1", "low-2"]
