@@ -2,8 +2,11 @@
 
 ``mode``: ``local`` (offline tokenizer only), ``engine`` (ask a pod), ``auto`` (local
 when it can reproduce the engine, the pod otherwise). Results are cached in a bounded
-LRU keyed by a 128-bit hash of the rendered prompt (local) or of the canonical request
-(engine): only hashes and token ids are kept, never prompt text.
+LRU keyed by 128-bit hashes: locally, of each *segment* of the rendered prompt
+(``kvindex.tokenization.incremental``: a prompt costs only the segments earlier
+prompts did not have; a tokenizer that cannot be segmented is cached by whole
+prompt), and of the canonical request for the engine. Only hashes and token ids
+are kept, never prompt text.
 
 Encoding is CPU work (~0.6 µs per character on a 2-core VM; the Rust tokenizer drops
 the GIL), so prompts longer than ``offload_chars`` are rendered and encoded in a worker
@@ -24,13 +27,17 @@ import xxhash
 from kvindex.lru import BoundedLRU
 from kvindex.tokenization.engine import EngineTokenizeError, EngineTokenizer
 from kvindex.tokenization.errors import UnsupportedPrompt
+from kvindex.tokenization.incremental import IncrementalEncoder
 from kvindex.tokenization.local import LocalTokenizer
 from kvindex.tokenization.prompt import ChatPrompt
 from kvindex.types import Bound
 
 Mode = Literal["local", "engine", "auto"]
 DEFAULT_CACHE_TOKENS = 4_000_000  # ~16 MB of uint32 ids
-TOKEN_BYTES = 4  # uint32 ids; an entry's own overhead (~200 B) is noise at prompt sizes
+TOKEN_BYTES = 4  # uint32 ids
+# An entry's own memory (LRU node, 16-byte key, array header: ~200 B, tracemalloc) in
+# tokens, counted against the capacity: a cache of short segments stays within it too.
+ENTRY_TOKENS = 50
 DEFAULT_OFFLOAD_CHARS = 2048  # ~1 ms of encoding: above this a thread hop pays off
 
 
@@ -46,19 +53,26 @@ class TokenizationStats:
     engine: int = 0
     fallbacks: int = 0  # auto mode: local could not, the engine did
     offloaded: int = 0
+    encoded_chars: int = 0  # local: characters sent to the tokenizer
+    reused_tokens: int = 0  # local: token ids taken from cached segments
 
 
 class TokenCache:
-    """LRU of prompt hash → token ids, bounded by the total number of tokens held."""
+    """LRU of hash → token ids, bounded by the tokens held (each entry also counts
+    ``entry_tokens`` for its own overhead)."""
 
-    def __init__(self, capacity_tokens: int = DEFAULT_CACHE_TOKENS) -> None:
+    def __init__(self, capacity_tokens: int = DEFAULT_CACHE_TOKENS, entry_tokens: int = 0) -> None:
         self.capacity_tokens = capacity_tokens
+        self.entry_tokens = entry_tokens
         # ids as uint32 arrays: 4 bytes a token, against ~36 in a list of ints
-        self._lru: BoundedLRU[bytes, array[int]] = BoundedLRU(capacity_tokens, weigh=len)
+        self._lru: BoundedLRU[bytes, array[int]] = BoundedLRU(capacity_tokens, weigh=self._weigh)
+
+    def _weigh(self, ids: array[int]) -> int:
+        return len(ids) + self.entry_tokens
 
     @property
     def tokens(self) -> int:
-        """Token ids held, in all entries."""
+        """Tokens held, in all entries, with each entry's overhead."""
         return self._lru.size
 
     def bound(self) -> Bound:
@@ -74,6 +88,13 @@ class TokenCache:
     def put(self, key: bytes, ids: Sequence[int]) -> None:
         """Keep ``ids`` as most recent, unless they alone exceed the capacity."""
         self._lru.put(key, array("I", ids))
+
+    def get_array(self, key: bytes) -> array[int] | None:
+        """The ids as stored (not to be changed), now the most recent; None if absent."""
+        return self._lru.touch(key)
+
+    def put_array(self, key: bytes, ids: array[int]) -> None:
+        self._lru.put(key, ids)
 
 
 def _key(kind: bytes, text: str) -> bytes:
@@ -98,9 +119,11 @@ class Tokenization:
         self.mode: Mode = mode
         self.local = local if mode != "engine" else None
         self.engine = engine
-        self.cache = TokenCache(cache_tokens)
+        self.cache = TokenCache(cache_tokens, ENTRY_TOKENS)
         self.offload_chars = offload_chars
         self.stats = TokenizationStats()
+        backend = self.local.backend if self.local is not None else None
+        self.incremental = IncrementalEncoder.for_backend(backend, self.cache)
 
     async def chat(self, prompt: ChatPrompt, *, engine: EngineTokenizer | None = None) -> list[int]:
         """Ids of a chat request as the engine will see them."""
@@ -146,6 +169,9 @@ class Tokenization:
 
     async def _local_encode(self, kind: bytes, text: str, add_special_tokens: bool) -> list[int]:
         assert self.local is not None
+        inc = self.incremental
+        if inc is not None and inc.handles(add_special_tokens):
+            return await self._incremental(inc, text, add_special_tokens)
         key = _key(kind, text)
         cached = self.cache.get(key)
         if cached is not None:
@@ -153,6 +179,7 @@ class Tokenization:
             return cached
         self.stats.misses += 1
         self.stats.local += 1
+        self.stats.encoded_chars += len(text)
         if len(text) > self.offload_chars:
             self.stats.offloaded += 1
             ids = await asyncio.to_thread(self.local.encode, text, add_special_tokens)
@@ -160,6 +187,26 @@ class Tokenization:
             ids = self.local.encode(text, add_special_tokens)
         self.cache.put(key, ids)
         return ids
+
+    async def _incremental(
+        self, inc: IncrementalEncoder, text: str, add_special_tokens: bool
+    ) -> list[int]:
+        """Only the segments no earlier prompt had are encoded, off the loop when long."""
+        plan = inc.plan(text, add_special_tokens)
+        self.stats.reused_tokens += plan.reused_tokens
+        if not plan.missing:
+            self.stats.hits += 1
+            return inc.finish(plan, [])
+        self.stats.misses += 1
+        self.stats.local += 1
+        chars = plan.missing_chars
+        self.stats.encoded_chars += chars
+        if chars > self.offload_chars:
+            self.stats.offloaded += 1
+            encoded = await asyncio.to_thread(inc.encode, plan)
+        else:
+            encoded = inc.encode(plan)
+        return inc.finish(plan, encoded)
 
     async def _via_engine(
         self, kind: bytes, request: dict[str, Any], call: Callable[[], Awaitable[list[int]]]
