@@ -22,6 +22,7 @@ from gateway.admission import Admission, AdmissionMetrics
 from gateway.config import Settings
 from gateway.discovery import DiscoveryMetrics, PodDiscovery, RegistrySink
 from gateway.kv import KvIndex
+from gateway.loop_lag import LoopLagMonitor
 from gateway.metrics import GatewayMetrics
 from gateway.pods import PodRegistry
 from gateway.proxy import Proxy
@@ -114,6 +115,8 @@ async def running_gateway(
                 settings.discovery, RegistrySink(registry), DiscoveryMetrics(prometheus)
             )
             await discovery.start()
+        loop_lag = LoopLagMonitor(prometheus)
+        loop_lag.start()
         try:
             yield gw
         finally:
@@ -125,3 +128,4 @@ async def running_gateway(
             await upstream.close()
             if tracing is not None:
                 await asyncio.to_thread(tracing.shutdown)  # exports what is buffered
+            await loop_lag.stop()
