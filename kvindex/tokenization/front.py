@@ -8,9 +8,11 @@ prompts did not have; a tokenizer that cannot be segmented is cached by whole
 prompt), and of the canonical request for the engine. Only hashes and token ids
 are kept, never prompt text.
 
-Encoding is CPU work (~0.6 µs per character on a 2-core VM; the Rust tokenizer drops
-the GIL), so prompts longer than ``offload_chars`` are rendered and encoded in a worker
-thread; shorter ones run inline, where a thread hop would cost more than the work.
+Encoding is CPU work (~0.25 µs per character on a 2-core VM; the Rust tokenizer drops
+the GIL in ``encode_batch``, which the transformers call and the segmented path use, but
+not in ``Tokenizer.encode``), so text to encode longer than ``offload_chars`` is encoded
+in a worker thread, and a chat whose rendering costs as much (``render_cost_chars``) is
+rendered there; less runs inline, where a thread hop would cost more than the work.
 """
 
 from __future__ import annotations
@@ -226,20 +228,24 @@ class Tokenization:
         return ids
 
 
-# Rendering a message (normalising it, one pass of the template's loop) costs about as
-# much as encoding ~20 characters (~5 µs against ~0.3 µs a character, tiny model's
-# template, 2-core VM): 240k empty messages are seconds of work with no characters.
+# Rendering costs ~4 µs a message (normalising it, one pass of the template's loop) and
+# little a character (~20 µs for one message of 100k characters, 3 ms for 1M: copies),
+# against ~0.25 µs a character to encode (tiny model's template, 2-core VM). In
+# characters-to-encode, a message costs 20 and 50 characters of text cost one: 240k
+# empty messages, or megabytes of text, move off the event loop; an 8 KB chat renders
+# inline (~20 µs, against ~70 µs through a worker thread).
 MESSAGE_COST_CHARS = 20
+RENDER_CHARS_PER_CHAR = 50
 
 
 def render_cost_chars(messages: Sequence[Mapping[str, Any]]) -> int:
-    """Work to render ``messages``, in characters-to-encode: their text plus a fixed
-    cost per message, so that many short messages move off the event loop too."""
-    total = MESSAGE_COST_CHARS * len(messages)
+    """Work to render ``messages``, in characters-to-encode: a fixed cost per message,
+    so that many short messages move off the event loop too, and a little per character."""
+    chars = 0
     for m in messages:
         content = m.get("content") if isinstance(m, Mapping) else None
         if isinstance(content, str):
-            total += len(content)
+            chars += len(content)
         elif isinstance(content, list):
-            total += sum(len(str(p.get("text", ""))) for p in content if isinstance(p, Mapping))
-    return total
+            chars += sum(len(str(p.get("text", ""))) for p in content if isinstance(p, Mapping))
+    return MESSAGE_COST_CHARS * len(messages) + chars // RENDER_CHARS_PER_CHAR
