@@ -124,8 +124,11 @@ class Tokenization:
         self.cache = TokenCache(cache_tokens, ENTRY_TOKENS)
         self.offload_chars = offload_chars
         self.stats = TokenizationStats()
-        backend = self.local.backend if self.local is not None else None
-        self.incremental = IncrementalEncoder.for_backend(backend, self.cache)
+        self.incremental = (
+            IncrementalEncoder.for_backend(self.local.backend, self.cache, self.local.encode)
+            if self.local is not None
+            else None
+        )
 
     async def chat(self, prompt: ChatPrompt, *, engine: EngineTokenizer | None = None) -> list[int]:
         """Ids of a chat request as the engine will see them."""

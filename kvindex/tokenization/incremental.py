@@ -22,7 +22,12 @@ from typing import Protocol
 
 import xxhash
 
-from kvindex.tokenization.segments import DEFAULT_CHUNK_CHARS, NotSegmentable, Segmenter
+from kvindex.tokenization.segments import (
+    DEFAULT_CHUNK_CHARS,
+    Encode,
+    NotSegmentable,
+    Segmenter,
+)
 
 log = logging.getLogger("kvgate.tokenization")
 
@@ -59,13 +64,18 @@ class IncrementalEncoder:
 
     @classmethod
     def for_backend(
-        cls, backend: object, cache: SegmentCache, chunk_chars: int = DEFAULT_CHUNK_CHARS
+        cls,
+        backend: object,
+        cache: SegmentCache,
+        reference: Encode | None = None,
+        chunk_chars: int = DEFAULT_CHUNK_CHARS,
     ) -> IncrementalEncoder | None:
-        """None, logged, when ``backend`` (a ``tokenizers.Tokenizer``) cannot be segmented."""
+        """None, logged, when ``backend`` (a ``tokenizers.Tokenizer``) cannot be segmented
+        (``reference``: the encoder whose ids must come out, e.g. the transformers call)."""
         if backend is None:
             return None
         try:
-            return cls(Segmenter.for_tokenizer(backend, chunk_chars), cache)
+            return cls(Segmenter.for_tokenizer(backend, chunk_chars, reference), cache)
         except NotSegmentable as exc:
             log.info("tokenizer not segmented, whole prompts are encoded: %s", exc)
             return None

@@ -20,7 +20,9 @@ and BERT in ``tests/unit/test_tokenization_segments.py``):
 
    The post-processor adds the same ids around any single sequence (BOS, EOS,
    [CLS]/[SEP]): they are found at load by encoding probes with and without
-   ``add_special_tokens`` and checked on more probes.
+   ``add_special_tokens``, and segmented encoding is checked on more probes,
+   against the caller's reference encoder when it has one (the transformers call,
+   in case it does more than the Rust tokenizer).
 2. **Seams inside long pieces.** With GPT-2's byte-level pre-tokenizer, or a
    ``Split`` on Llama 3's, Qwen 2's or Qwen 3.5's pattern before a byte-level map,
    no normaliser or NFC, and a BPE model: every one of these patterns starts a
@@ -42,7 +44,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +81,7 @@ _SEAM_SAFE_SPLITS = frozenset(
 )
 _SEAM = re.compile(r"(?<=[A-Za-z]) (?=[A-Za-z])")
 _PROBES = ("a", "", "Hello world", " two  spaces\n", "é ü 字")
+Encode = Callable[[str, bool], list[int]]  # text, add_special_tokens -> ids
 
 
 class NotSegmentable(ValueError):
@@ -118,9 +121,15 @@ class Segmenter:
         self.head_matters = elsewhere is not tokenizer
 
     @classmethod
-    def for_tokenizer(cls, tokenizer: Any, chunk_chars: int = DEFAULT_CHUNK_CHARS) -> Segmenter:
+    def for_tokenizer(
+        cls,
+        tokenizer: Any,
+        chunk_chars: int = DEFAULT_CHUNK_CHARS,
+        reference: Encode | None = None,
+    ) -> Segmenter:
         """Check ``tokenizer`` (a ``tokenizers.Tokenizer``) and build; ``NotSegmentable``
-        says why not."""
+        says why not. ``reference``: the encoder whose ids must come out (default: the
+        tokenizer's own ``encode``)."""
         if tokenizer.encode_special_tokens:
             raise NotSegmentable("special tokens are encoded as text")
         cfg = json.loads(tokenizer.to_str())
@@ -141,7 +150,9 @@ class Segmenter:
             elsewhere = type(tokenizer).from_str(json.dumps(_never_prepend(cfg)))
         seams = not has_normalized and _seam_safe(cfg)
         seg = cls(tokenizer, elsewhere, added, seams, None, chunk_chars)
-        seg.around = seg._find_around()
+        reference = reference or (lambda t, s: tokenizer.encode(t, add_special_tokens=s).ids)
+        seg.around = seg._find_around(reference)
+        seg._check(reference, added)
         return seg
 
     def segments(self, text: str) -> list[Segment]:
@@ -204,13 +215,11 @@ class Segmenter:
             ids = [*self.around[0], *ids, *self.around[1]]
         return ids
 
-    def _find_around(self) -> tuple[list[int], list[int]] | None:
+    def _find_around(self, reference: Encode) -> tuple[list[int], list[int]] | None:
         """The ids ``add_special_tokens`` puts around a single sequence, if constant."""
-        tok = self._tokenizer
         found: tuple[list[int], list[int]] | None = None
         for probe in _PROBES:
-            bare = tok.encode(probe, add_special_tokens=False).ids
-            full = tok.encode(probe, add_special_tokens=True).ids
+            bare, full = reference(probe, False), reference(probe, True)
             if found is None:
                 found = _split_around(full, bare)
                 if found is None:
@@ -218,6 +227,15 @@ class Segmenter:
             elif full != [*found[0], *bare, *found[1]]:
                 return None
         return found
+
+    def _check(self, reference: Encode, added: dict[str, int]) -> None:
+        """Segmented ids equal ``reference``'s on probes with added tokens and seams."""
+        marks = list(added)[:3]
+        probes = [*_PROBES, "".join(f"{m} a{i} b c{m}" for i, m in enumerate(marks)) + " d e"]
+        for probe in probes:
+            for special in (False, True) if self.around is not None else (False,):
+                if self.encode_whole(probe, special) != reference(probe, special):
+                    raise NotSegmentable("segmented ids differ from the tokenizer's on a probe")
 
 
 def _split_around(full: list[int], bare: list[int]) -> tuple[list[int], list[int]] | None:

@@ -240,3 +240,13 @@ def test_special_tokens_encoded_as_text_are_not_segmented() -> None:
     tok.encode_special_tokens = True
     with pytest.raises(NotSegmentable, match="as text"):
         Segmenter.for_tokenizer(tok)
+
+
+def test_a_reference_encoder_that_adds_ids_of_its_own_is_caught_at_load() -> None:
+    tok = gpt2_chatml()
+
+    def transformers_like(text: str, special: bool) -> list[int]:
+        return [0, *tok.encode(text, add_special_tokens=special).ids]  # a BOS added in Python
+
+    with pytest.raises(NotSegmentable, match="differ"):
+        Segmenter.for_tokenizer(tok, reference=transformers_like)
