@@ -13,10 +13,11 @@ Three tables, on the tiny model's tokenizer (byte-level BPE, ChatML template):
   encoder: which of them let the loop run;
 * **interference**, in one event loop as in the gateway: a short chat request
   arriving every 2 ms and tokenized (a cache hit), timed from its arrival (so the
-  time it waited for the loop counts), alone, and while ``tokens``-token prompts
-  are tokenized back to back beside it, all new (their cache keeps nothing), through
-  the segment cache or whole as before it. The difference in the short requests'
-  time is what a long prompt adds to its neighbours.
+  time it waited for the loop counts), in rounds that take turns: alone, and while
+  ``tokens``-token prompts are tokenized back to back beside it, all new (their
+  cache keeps nothing), through the segment cache or whole as before it. The
+  difference in the short requests' time is what a long prompt adds to its
+  neighbours.
 """
 
 from __future__ import annotations
@@ -150,43 +151,51 @@ async def _lag_during(work: Callable[[], Any], repeats: int = 5) -> tuple[float,
     return statistics.median(took) * 1e3, worst * 1e3
 
 
-async def _interference(
-    local: LocalTokenizer, tokens: int, seconds: float, beside: str | None
-) -> Interference:
-    """Short requests every 2 ms; ``beside``: None, or how long prompts are encoded
-    meanwhile ("segmented", or "whole" as without the segment cache)."""
+MODES: tuple[str | None, ...] = (None, "segmented", "whole")
+
+
+async def _interference(local: LocalTokenizer, tokens: int, seconds: float) -> list[Interference]:
+    """Short requests every 2 ms, in rounds of 0.5 s that take turns (so a machine
+    whose other load comes and goes weighs on every mode alike): alone, beside long
+    prompts through the segment cache, and beside long prompts encoded whole (as
+    without it). The long prompts' cache keeps nothing: each is encoded anew."""
     short = Tokenization("tiny", "local", local)
     await short.chat(ChatPrompt(SHORT))  # cached: the short request's own cost is a hit
-    long = Tokenization("tiny", "local", local, cache_tokens=1)  # keeps nothing: all new
-    if beside == "whole":
-        long.incremental = None
+    longs = {m: Tokenization("tiny", "local", local, cache_tokens=1) for m in MODES if m}
+    longs["whole"].incremental = None
     doc = text_of_tokens(tokens, seed="interference", tokenizer_dir=ensure_tokenizer())
-    stop = time.perf_counter() + seconds
-    longs = 0
-
-    async def long_prompts() -> None:
-        nonlocal longs
-        while time.perf_counter() < stop:
-            await long.chat(ChatPrompt([{"role": "user", "content": doc}]))
-            longs += 1
-
-    background = asyncio.create_task(long_prompts()) if beside else None
+    samples: dict[str | None, list[float]] = {m: [] for m in MODES}
+    done = dict.fromkeys(MODES, 0)
     loop = asyncio.get_running_loop()
-    samples = []
-    arrival = loop.time()
-    while arrival < loop.time() + seconds and time.perf_counter() < stop:
-        arrival += 0.002  # arrivals on a fixed schedule, whatever the loop is doing
-        await asyncio.sleep(max(0.0, arrival - loop.time()))
-        await short.chat(ChatPrompt(SHORT))
-        samples.append(loop.time() - arrival)  # waiting for the loop, and the work itself
-    if background is not None:
-        await background
-    samples.sort()
-    label = f"beside {tokens:,}-token prompts ({beside})" if beside else "alone"
-    return Interference(
-        label, len(samples), statistics.median(samples) * 1e3,
-        samples[int(len(samples) * 0.99)] * 1e3, samples[-1] * 1e3, longs,
-    )  # fmt: skip
+    for _ in range(max(1, round(seconds / 0.5))):
+        for mode in MODES:
+            stop = loop.time() + 0.5
+
+            async def long_prompts(
+                tok: Tokenization, mode: str | None = mode, stop: float = stop
+            ) -> None:
+                while loop.time() < stop:
+                    await tok.chat(ChatPrompt([{"role": "user", "content": doc}]))
+                    done[mode] += 1
+
+            background = asyncio.create_task(long_prompts(longs[mode])) if mode else None
+            arrival = loop.time()
+            while arrival < stop:
+                arrival += 0.002  # arrivals on a fixed schedule, whatever the loop is doing
+                await asyncio.sleep(max(0.0, arrival - loop.time()))
+                await short.chat(ChatPrompt(SHORT))
+                samples[mode].append(loop.time() - arrival)  # waiting for the loop, and work
+            if background is not None:
+                await background
+    out = []
+    for mode in MODES:
+        s = sorted(samples[mode])
+        label = f"beside {tokens:,}-token prompts ({mode})" if mode else "alone"
+        out.append(Interference(
+            label, len(s), statistics.median(s) * 1e3, s[int(len(s) * 0.99)] * 1e3,
+            s[-1] * 1e3, done[mode],
+        ))  # fmt: skip
+    return out
 
 
 def run_tokenize_bench(
@@ -207,11 +216,10 @@ def run_tokenize_bench(
     for how, ms, lag in measure_gil(local, tokens):
         gil.add_row(how, f"{ms:.1f}", f"{lag:.2f}")
     console.print(gil)
-    table = Table(title=f"A short chat request every 2 ms for {seconds:g} s, one event loop")
+    table = Table(title=f"A short chat request every 2 ms, {seconds:g} s per row, one event loop")
     for col in ("short requests", "n", "p50 ms", "p99 ms", "max ms", "long prompts done"):
         table.add_column(col, justify="right" if col != "short requests" else "left")
-    for beside in (None, "segmented", "whole"):
-        r = asyncio.run(_interference(local, tokens, seconds, beside))
+    for r in asyncio.run(_interference(local, tokens, seconds)):
         table.add_row(r.label, str(r.short_requests), f"{r.p50_ms:.3f}", f"{r.p99_ms:.3f}",
                       f"{r.max_ms:.3f}", str(r.long_prompts))  # fmt: skip
     table.caption = f"load average {load} (1/5/15 min) at the start; {os.cpu_count()} CPUs"
