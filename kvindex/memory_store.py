@@ -53,7 +53,7 @@ which drives the store with its own virtual ``clock``.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from itertools import groupby, islice, repeat
 from operator import itemgetter
@@ -97,6 +97,9 @@ class MemoryStore:
         self._counts: list[list[int]] = []  # slot -> [n L0, n L1]
         self._l2_keys: dict[str, set[int]] = {}  # writer pod -> its L2 keys
         self._touches = TouchQueue(self._entries)  # lookups' LRU touches, applied by writes
+        # the last lookup's walked keys and their states (a run at a time), while no
+        # write has changed any state since: what the speculation after it starts from
+        self._last_walk: tuple[tuple[int, ...], list[tuple[State, int]]] | None = None
         self.bad_ops = 0  # ops of an unknown type, counted and skipped
 
     # -- protocol (async) ---------------------------------------------------
@@ -130,6 +133,7 @@ class MemoryStore:
 
     def apply_now(self, pod: str, ops: Sequence[IndexOp]) -> None:
         self._touches.apply()
+        self._last_walk = None
         for op in ops:
             if isinstance(op, Stored):
                 if op.tier is Tier.L2:
@@ -144,10 +148,35 @@ class MemoryStore:
                 self.bad_ops += 1
 
     def speculate_now(self, pod: str, keys: Sequence[int], ttl_s: float) -> None:
-        self._touches.apply(then=keys)
+        """Mark ``pod`` as holding ``keys`` in L0 until ``ttl_s`` from now, unless confirmed.
+
+        The router speculates the prompt it has just looked up: when that lookup's
+        walk is a prefix of ``keys`` and nothing was written since, the walk's states
+        are still the keys' states, so that prefix is done a run at a time (touch; if
+        the pod has not confirmed the run, one new state for it), the rest key by key."""
+        walked = self._touches.apply(then=keys)
+        last, self._last_walk = self._last_walk, None
         slot = self._slot(pod)
-        bit = 1 << slot
         deadline = self._clock() + ttl_s
+        done = 0
+        if walked is not None and last is not None and last[0] is walked:
+            for state, count in last[1]:
+                self._speculate_run(keys[done : done + count], state, slot, deadline)
+                done += count
+        self._speculate_keys(keys[done:] if done else keys, slot, deadline)
+
+    def _speculate_run(self, keys: Sequence[int], state: State, slot: int, deadline: float) -> None:
+        """Speculate present keys that share ``state``, in order."""
+        entries = self._entries
+        deque(map(entries.move_to_end, keys), maxlen=0)
+        if state[0] >> slot & 1:
+            return  # confirmed entries never expire
+        new = (state[0], state[1], state[2], spec_with(state[3], slot, deadline))
+        entries.update(zip(keys, repeat(new)))  # present keys keep their place
+        self._pod_keys[slot].update(keys)
+
+    def _speculate_keys(self, keys: Sequence[int], slot: int, deadline: float) -> None:
+        bit = 1 << slot
         entries = self._entries
         pod_keys = self._pod_keys[slot]
         fresh: State = (0, 0, None, ((slot, deadline),))
@@ -170,6 +199,7 @@ class MemoryStore:
     def drop_pod_now(self, pod: str) -> None:
         """Forget an ejected pod's L0/L1 entries; its L2 writes stay (shared storage)."""
         self._touches.apply()
+        self._last_walk = None
         slot = self._slot_of.get(pod)
         if slot is None:
             return
@@ -357,6 +387,7 @@ class MemoryStore:
         ends01: dict[int, int] = {}
         n = 0  # blocks walked past: the run being looked at starts here
         live = 0
+        runs: list[tuple[State, int]] = []  # the walked keys' states, for a speculation
         for state, run in groupby(states):
             length = len(list(run))
             l0, l1, writer, spec = state
@@ -385,7 +416,8 @@ class MemoryStore:
             # nobody holds this key in any tier (or no chain can grow)
             stop = not (alive01 or l2_alive)
             if spec is not None and live != spec_slots(spec):  # the walked keys forget it
-                self._prune_expired(keys[n : n + (1 if stop else length)], state, live)
+                state = self._prune_expired(keys[n : n + (1 if stop else length)], state, live)
+            runs.append((state, 1 if stop else length))
             if stop:
                 walked = n + 1
                 break
@@ -393,30 +425,36 @@ class MemoryStore:
             if l2_alive:
                 l2 = n
         if walked:
-            self._touches.defer(tuple(islice(keys, walked)))
+            self._last_walk = (tuple(islice(keys, walked)), runs)
+            self._touches.defer(self._last_walk[0])
         for slot in bits(alive0):
             ends0[slot] = n
         for slot in bits(alive01):
             ends01[slot] = n
-        pods = {
+        return PrefixMatch(len(keys), block_size, self._prefixes(ends0, ends01), l2)
+
+    def _prefixes(self, ends0: dict[int, int], ends01: dict[int, int]) -> dict[str, PodPrefix]:
+        return {
             self._pods[slot] or "": PodPrefix(l0=ends0.get(slot, 0), l0_l1=l01)
             for slot, l01 in ends01.items()
             if l01 > 0
         }
-        return PrefixMatch(total_blocks=len(keys), block_size=block_size, pods=pods, l2=l2)
 
-    def _prune_expired(self, keys: Sequence[int], state: State, live: int) -> None:
+    def _prune_expired(self, keys: Sequence[int], state: State, live: int) -> State:
         """Forget the expired speculation of a run of keys in ``state`` (one shared
-        new state; ``OrderedDict.update`` of present keys keeps their order)."""
+        new state, returned; ``OrderedDict.update`` of present keys keeps their order)."""
         l0, l1, writer, spec = state
         kept = tuple(p for p in spec or () if (live >> p[0]) & 1) or None
-        self._entries.update(zip(keys, repeat((l0, l1, writer, kept))))
+        new = (l0, l1, writer, kept)
+        self._entries.update(zip(keys, repeat(new)))
         for slot in bits(spec_slots(spec) & ~live & ~(l0 | l1)):
             self._pod_keys[slot].difference_update(keys)
+        return new
 
     def _drop_expired(self, key: int, spec: Spec) -> None:
         """A key only expired speculation held: gone, like any emptied key."""
         del self._entries[key]
+        self._last_walk = None  # it may have walked this key
         for slot in bits(spec_slots(spec)):
             self._pod_keys[slot].discard(key)
 

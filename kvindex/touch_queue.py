@@ -49,16 +49,19 @@ class TouchQueue:
         if self.keys > self.capacity:
             self.apply()
 
-    def apply(self, then: Sequence[int] | None = None) -> None:
+    def apply(self, then: Sequence[int] | None = None) -> tuple[int, ...] | None:
         """Touch the queued walks, oldest first. ``then``: the keys the caller
-        touches or adds next, in order (see the module docstring)."""
+        touches or adds next, in order (see the module docstring); the last walk,
+        if it is their prefix and so left to the caller, is returned."""
         queued = self._queued
         if not queued:
-            return
+            return None
+        left: tuple[int, ...] | None = None
         if then is not None:
             last = next(reversed(queued))
             if len(last) <= len(then) and tuple(then[: len(last)]) == last:
                 queued.popitem()
+                left = last
         entries = self._entries
         for walked in queued:
             try:
@@ -67,3 +70,4 @@ class TouchQueue:
                 deque(map(entries.move_to_end, filter(entries.__contains__, walked)), maxlen=0)
         queued.clear()
         self.keys = 0
+        return left
