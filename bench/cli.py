@@ -42,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_soak(sub)
     _add_real(sub)
     _add_shared_load(sub)
+    _add_tokenize(sub)
 
 
 def _add_real(sub: argparse._SubParsersAction) -> None:
@@ -267,6 +268,27 @@ def _overhead(args: argparse.Namespace) -> int:
     report = run_overhead(routers, args.out, args.pairs, args.seconds, args.connections,
                           args.prompt_bytes)  # fmt: skip
     return 0 if all(r.errors == 0 and not r.note for r in report.results) else 1
+
+
+def _add_tokenize(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "tokenize",
+        help="local tokenization: cost per path, GIL, and what a long prompt adds to others",
+        description="On the tiny model's tokenizer: rendering and encoding a long prompt "
+        "whole and through the segment cache, whether a worker thread's encode lets the "
+        "event loop run, and short requests' time alone and beside long prompts.",
+    )
+    p.add_argument("--tokens", type=int, default=32768, help="tokens of the long prompt")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--seconds", type=float, default=5.0, help="per interference run")
+    p.set_defaults(bench_func=_tokenize)
+
+
+def _tokenize(args: argparse.Namespace) -> int:
+    from bench.tokenize_bench import run_tokenize_bench
+
+    run_tokenize_bench(args.tokens, args.repeats, args.seconds)
+    return 0
 
 
 def _add_des(sub: argparse._SubParsersAction) -> None:

@@ -3,12 +3,17 @@
 Two ingestion numbers per backend: ``store.apply`` of router-key ops alone, and the
 whole event path (msgpack frames in vLLM's wire format → decode → engine-hash
 translation → apply). Lookup latency is measured on prompts of 2k, 8k and 32k
-tokens that are fully cached, the worst case for a prefix walk.
+tokens that are fully cached, the worst case for a prefix walk. Last, the memory a
+``MemoryStore`` key costs (tracemalloc), what ``KEY_BYTES`` and ``/admin/bounds``
+report.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
+import random
+import tracemalloc
 import uuid
 from contextlib import ExitStack
 
@@ -20,7 +25,8 @@ from bench.index_lookup import print_index_bench, run_index_bench
 from bench.redis_server import REDIS_SERVER, running_redis
 from kvindex.memory_store import MemoryStore
 from kvindex.redis_store import RedisStore
-from kvindex.store import IndexStore
+from kvindex.store import IndexStore, Stored
+from kvindex.types import Tier
 
 
 def run_index_benchmarks(
@@ -58,6 +64,28 @@ def run_index_benchmarks(
         for name, rate in event_rates.items():
             table.add_row(name, f"{rate:,.0f}")
         console.print(table)
+    per_key = memory_per_key()
+    console.print(f"MemoryStore: {per_key:,.0f} bytes per key held by two pods (tracemalloc)")
+
+
+def memory_per_key(chains: int = 800, blocks: int = 128) -> float:
+    """Bytes a ``MemoryStore`` holds per key (the key int included) for ``chains``
+    prompts of ``blocks`` blocks, each stored in L0 by two pods as events do."""
+    rng = random.Random(0)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        store = MemoryStore(capacity_keys=chains * blocks)
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(chains):
+            keys = [rng.getrandbits(64) | 1 << 63 for _ in range(blocks)]
+            store.apply_now("pod-a", [Stored(Tier.L0, keys)])
+            store.apply_now("pod-b", [Stored(Tier.L0, keys)])
+        del keys
+        gc.collect()
+        return (tracemalloc.get_traced_memory()[0] - before) / (chains * blocks)
+    finally:
+        tracemalloc.stop()
 
 
 async def _event_rate(store: IndexStore, n_blocks: int, block_size: int) -> float:

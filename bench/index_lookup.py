@@ -11,6 +11,10 @@ What is measured, per prompt size (tokens / block_size = blocks per prompt):
 * lookup: ``match`` on prompts held by several pods in every tier (one pod in
   L0, one half in L0 and all in L1, one in L1, the whole prompt in L2): the
   walk covers every key, the worst case for a lookup. p50/p99/mean in µs.
+* lookup, then speculation ("+spec"): what the router does per request, a ``match``
+  and at once ``speculate_nowait`` of the same keys on a pod that holds them, p50
+  and p99 in µs of the two together (a shared store's write, which the router
+  leaves to the background, is not timed);
 * partial lookup: ``match`` on prompts of which only the first 3/4 (cut inside a
   16-block group) was ever stored, in L0 by one pod and in L2: the common case of
   a cached prefix followed by new tokens (``RedisStore`` reads that group's
@@ -25,7 +29,7 @@ import random
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rich.console import Console
 from rich.table import Table
@@ -48,6 +52,8 @@ class IndexBenchRow:
     lookup_mean_us: float
     partial_p50_us: float = 0.0
     partial_p99_us: float = 0.0
+    routed_p50_us: float = 0.0  # lookup, then speculation of the same keys
+    routed_p99_us: float = 0.0
 
 
 def _prompt(rng: random.Random, blocks: int) -> list[int]:
@@ -111,9 +117,15 @@ async def _populate_partial(store: IndexStore, prompts: Sequence[list[int]]) -> 
 
 
 async def _lookups(
-    store: IndexStore, prompts: Sequence[list[int]], n: int, block_size: int, held: int
+    store: IndexStore,
+    prompts: Sequence[list[int]],
+    n: int,
+    block_size: int,
+    held: int,
+    speculate_on: str | None = None,
 ) -> list[float]:
-    """``n`` timed lookups; each must find ``held`` blocks in L2."""
+    """``n`` timed lookups (each followed by speculation on ``speculate_on``, timed
+    with it, when given); each must find ``held`` blocks in L2."""
     for keys in prompts:  # warm up (script load, connection pool)
         await store.match(keys, block_size)
     gc.collect()
@@ -122,7 +134,12 @@ async def _lookups(
         keys = prompts[i % len(prompts)]
         start = time.perf_counter()
         m = await store.match(keys, block_size)
+        pending = None
+        if speculate_on is not None:  # as the router does: what is not local waits
+            pending = store.speculate_nowait(speculate_on, keys, 60.0)
         samples.append(time.perf_counter() - start)
+        if pending is not None:
+            await pending
         if m.l2 != held:
             raise RuntimeError(f"index lost blocks during the benchmark: l2={m.l2}")
     return samples
@@ -155,14 +172,20 @@ async def run_index_bench(
             prompts = [_prompt(rng, blocks) for _ in range(n_prompts)]
             await _populate(store, prompts)
             samples = await _lookups(store, prompts, n_lookups, block_size, blocks)
+            routed = await _lookups(store, prompts, n_lookups, block_size, blocks, "pod-0")
             partial = [_prompt(rng, blocks) for _ in range(n_prompts)]
             cut = await _populate_partial(store, partial)
             partial_samples = await _lookups(store, partial, n_lookups, block_size, cut)
             backend = str(getattr(store, "backend", "?"))
-            rows.append(_row(backend, tokens, blocks, rate, samples, partial_samples))
+            row = _row(backend, tokens, blocks, rate, samples, partial_samples)
+            rows.append(replace(row, routed_p50_us=_p50(routed), routed_p99_us=_p99(routed) * 1e6))
     finally:
         await store.close()
     return rows
+
+
+def _p50(samples: list[float]) -> float:
+    return statistics.median(samples) * 1e6
 
 
 def _p99(samples: list[float]) -> float:
@@ -191,7 +214,7 @@ def print_index_bench(rows: Sequence[IndexBenchRow], console: Console | None = N
     table = Table(title="kvgate index benchmark (lookup = full-prompt hit, worst case)")
     table.add_column("backend", no_wrap=True)
     columns = ("tokens", "blocks", "ingest blk/s", "p50 µs", "p99 µs", "mean µs")
-    for col in (*columns, "partial p50 µs", "partial p99 µs"):
+    for col in (*columns, "partial p50 µs", "partial p99 µs", "+spec p50 µs", "+spec p99 µs"):
         table.add_column(col, justify="right", no_wrap=True)
     for r in rows:
         table.add_row(
@@ -204,6 +227,8 @@ def print_index_bench(rows: Sequence[IndexBenchRow], console: Console | None = N
             f"{r.lookup_mean_us:,.0f}",
             f"{r.partial_p50_us:,.0f}",
             f"{r.partial_p99_us:,.0f}",
+            f"{r.routed_p50_us:,.0f}",
+            f"{r.routed_p99_us:,.0f}",
         )
     table.caption = f"{rows[0].lookups:,} lookups per row" if rows else None
     (console or Console()).print(table)

@@ -23,6 +23,7 @@ from gateway.admission import Admission, AdmissionMetrics
 from gateway.config import PodConfig, Settings, SettingsSource
 from gateway.discovery import DiscoveryMetrics, PodDiscovery, RegistrySink
 from gateway.kv import KvIndex
+from gateway.loop_lag import LoopLagMonitor
 from gateway.metrics import GatewayMetrics
 from gateway.pods import PodRegistry, same_endpoints
 from gateway.proxy import Proxy
@@ -191,6 +192,8 @@ async def running_gateway(
             await discovery.start()
         if gw.reloader is not None:
             await gw.reloader.start()
+        loop_lag = LoopLagMonitor(prometheus)
+        loop_lag.start()
         try:
             yield gw
         finally:
@@ -204,3 +207,4 @@ async def running_gateway(
             await upstream.close()
             if tracing is not None:
                 await asyncio.to_thread(tracing.shutdown)  # exports what is buffered
+            await loop_lag.stop()

@@ -2,26 +2,49 @@
 
 Why this shape: the gateway does one ``match`` per request over up to a few
 thousand keys and applies ~100k block events per second, all in pure Python on
-the event loop. So every per-key step must be a couple of C-level dict/int ops:
+the event loop, so a lookup must not cost a Python loop iteration per key:
 
-* each pod gets a *slot* (a bit position); a key's record holds one int bitmask
-  per tier (``l0``, ``l1``), so "which pods still hold the prefix" is one ``&``
-  per key no matter how many pods the fleet has;
-* the map is an ``OrderedDict`` used as an LRU: ``move_to_end`` is O(1) and a
-  lookup touches every key it walks, so hot prefixes survive eviction;
+* a key maps to an immutable *state*, ``(l0, l1, l2, spec)``: one int bitmask of
+  pod *slots* per local tier (so "which pods still hold the prefix" is one ``&``
+  however large the fleet), the pod that wrote the fleet-wide L2 copy, and the
+  speculative L0 holders as ``((slot, deadline), ...)``. A write replaces states;
+  the keys one op changes alike share one new state (a transition is computed once
+  per distinct old state), so a chain held alike is one object repeated;
+* a lookup reads its keys' states with a C-level ``map`` in growing chunks (to
+  the first absent key), then ``itertools.groupby`` folds equal neighbours: the
+  Python walk runs once per *run* of blocks held alike, not once per block. A
+  32k-token prompt cached by the same pods throughout is a few runs instead of
+  2,048 iterations (the remaining per-key cost is C: one dict read and one LRU
+  touch per key);
+* the map is an ``OrderedDict`` used as an LRU (``move_to_end`` is O(1)): writes
+  touch their keys and a lookup touches every key it walks, so hot prefixes
+  survive eviction. A lookup's touches wait for the next write or snapshot, which
+  applies them first, in order (``kvindex.touch_queue``: the order is exactly
+  what touching at once would make, and a repeated walk, or the router's
+  speculation right after its lookup, saves the touches altogether);
 * per-pod key sets make ``drop_pod``/``Cleared`` O(keys that pod holds), not a
   scan of the whole index.
 
+Chain summaries per 16-block group (what ``RedisStore`` keeps, from the ops'
+``Positions``) would cut the reads further, but every write would then have to
+find and rewrite the summaries that include its key; reading a state here is a
+C-level dict lookup, so folding equal neighbours at read time gets most of the
+gain with no write-side bookkeeping. Ops' ``Positions`` are ignored.
+
 L2 is fleet-wide: one ``Stored(L2)`` makes the key available to every pod and
-one ``Removed(L2)`` from any pod removes it. The record keeps which pod *wrote*
+one ``Removed(L2)`` from any pod removes it. The state keeps which pod *wrote*
 the key so benchmarks can count cross-pod hits (``l2_writers_now``).
 
 Speculative entries (``speculate``) say "the router just sent this prompt to
 that pod, so it will hold these blocks in L0 in a moment". They count as L0
-until their deadline unless a real ``Stored(L0)`` confirms them first.
+until their deadline unless a real ``Stored(L0)`` confirms them first. A lookup
+that reaches a key only expired speculation held drops that key and stops there;
+the keys it walks forget their expired speculation (one new state per run).
 
-Sizing: about 290 bytes per key held by two pods (``KEY_BYTES``: record, per-pod set
-entries, the key int), so ``capacity_keys=1_000_000`` is ~290 MB.
+Sizing: about 225 bytes per key held by two pods (``KEY_BYTES``: the map's entry
+and LRU node, the key int, per-pod set entries; states are shared), so
+``capacity_keys=1_000_000`` is ~225 MB; queued lookup touches add at most
+65,536 references (~0.5 MB).
 
 Every method has a synchronous ``*_now`` twin for the discrete-event simulator,
 which drives the store with its own virtual ``clock``.
@@ -30,36 +53,30 @@ which drives the store with its own virtual ``clock``.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
+from itertools import groupby, islice, repeat
+from operator import itemgetter
 
+from kvindex.block_state import (
+    Spec,
+    State,
+    bits,
+    live_slots,
+    removed,
+    spec_slots,
+    spec_with,
+    stored,
+)
 from kvindex.store import Cleared, IndexOp, IndexStats, Removed, Stored
+from kvindex.touch_queue import TouchQueue
 from kvindex.types import Bound, PodPrefix, PrefixMatch, Tier
 
-KEY_BYTES = 290  # a key held by two pods: record, per-pod set entries, the key (tracemalloc)
+# a key held by two pods, its state shared with its chain's (tracemalloc, CPython 3.11)
+KEY_BYTES = 225
 
-
-class _Entry:
-    """Holders of one block key: pod-slot bitmasks per tier, L2 writer, speculation."""
-
-    __slots__ = ("l0", "l1", "l2", "spec")
-
-    def __init__(self) -> None:
-        self.l0 = 0  # bit i set: the pod in slot i holds the block in L0 (confirmed)
-        self.l1 = 0
-        self.l2: str | None = None  # pod that wrote the fleet-wide L2 copy
-        self.spec: dict[int, float] | None = None  # slot -> deadline of a speculative L0
-
-    def empty(self) -> bool:
-        return not (self.l0 or self.l1 or self.spec or self.l2 is not None)
-
-
-def _bits(mask: int) -> Iterable[int]:
-    """Slot numbers of the set bits of ``mask``."""
-    while mask:
-        low = mask & -mask
-        yield low.bit_length() - 1
-        mask ^= low
+_FIRST_CHUNK = 64  # keys read before the first check for an absent one (x8 each round)
+_WRITER = itemgetter(2)
 
 
 class MemoryStore:
@@ -72,13 +89,17 @@ class MemoryStore:
             raise ValueError("capacity_keys must be >= 1")
         self.capacity = capacity_keys
         self._clock = clock
-        self._entries: OrderedDict[int, _Entry] = OrderedDict()
+        self._entries: OrderedDict[int, State] = OrderedDict()
         self._slot_of: dict[str, int] = {}
         self._pods: list[str | None] = []  # slot -> pod name (None: free)
         self._free: list[int] = []
         self._pod_keys: list[set[int]] = []  # slot -> keys with any l0/l1/spec bit of it
         self._counts: list[list[int]] = []  # slot -> [n L0, n L1]
         self._l2_keys: dict[str, set[int]] = {}  # writer pod -> its L2 keys
+        self._touches = TouchQueue(self._entries)  # lookups' LRU touches, applied by writes
+        # the last lookup's walked keys and their states (a run at a time), while no
+        # write has changed any state since: what the speculation after it starts from
+        self._last_walk: tuple[tuple[int, ...], list[tuple[State, int]]] | None = None
         self.bad_ops = 0  # ops of an unknown type, counted and skipped
 
     # -- protocol (async) ---------------------------------------------------
@@ -111,6 +132,8 @@ class MemoryStore:
     # -- writes ---------------------------------------------------------------
 
     def apply_now(self, pod: str, ops: Sequence[IndexOp]) -> None:
+        self._touches.apply()
+        self._last_walk = None
         for op in ops:
             if isinstance(op, Stored):
                 if op.tier is Tier.L2:
@@ -125,21 +148,58 @@ class MemoryStore:
                 self.bad_ops += 1
 
     def speculate_now(self, pod: str, keys: Sequence[int], ttl_s: float) -> None:
+        """Mark ``pod`` as holding ``keys`` in L0 until ``ttl_s`` from now, unless confirmed.
+
+        The router speculates the prompt it has just looked up: when that lookup's
+        walk is a prefix of ``keys`` and nothing was written since, the walk's states
+        are still the keys' states, so that prefix is done a run at a time (touch; if
+        the pod has not confirmed the run, one new state for it), the rest key by key."""
+        walked = self._touches.apply(then=keys)
+        last, self._last_walk = self._last_walk, None
         slot = self._slot(pod)
-        bit = 1 << slot
         deadline = self._clock() + ttl_s
+        done = 0
+        if walked is not None and last is not None and last[0] is walked:
+            for state, count in last[1]:
+                self._speculate_run(keys[done : done + count], state, slot, deadline)
+                done += count
+        self._speculate_keys(keys[done:] if done else keys, slot, deadline)
+
+    def _speculate_run(self, keys: Sequence[int], state: State, slot: int, deadline: float) -> None:
+        """Speculate present keys that share ``state``, in order."""
+        entries = self._entries
+        deque(map(entries.move_to_end, keys), maxlen=0)
+        if state[0] >> slot & 1:
+            return  # confirmed entries never expire
+        new = (state[0], state[1], state[2], spec_with(state[3], slot, deadline))
+        entries.update(zip(keys, repeat(new)))  # present keys keep their place
+        self._pod_keys[slot].update(keys)
+
+    def _speculate_keys(self, keys: Sequence[int], slot: int, deadline: float) -> None:
+        bit = 1 << slot
+        entries = self._entries
         pod_keys = self._pod_keys[slot]
+        fresh: State = (0, 0, None, ((slot, deadline),))
+        memo: dict[int, tuple[State, State]] = {}  # id(old) -> (old, new): one per state
         for key in keys:
-            e = self._touch_or_add(key)
-            if e.l0 & bit:
-                continue  # already confirmed: confirmed entries never expire
-            if e.spec is None:
-                e.spec = {}
-            e.spec[slot] = deadline
+            old = entries.get(key)
+            if old is None:
+                self._add(key, fresh)
+            else:
+                entries.move_to_end(key)
+                if old[0] & bit:
+                    continue  # already confirmed: confirmed entries never expire
+                hit = memo.get(id(old))
+                if hit is None:
+                    new = (old[0], old[1], old[2], spec_with(old[3], slot, deadline))
+                    hit = memo[id(old)] = (old, new)
+                entries[key] = hit[1]
             pod_keys.add(key)
 
     def drop_pod_now(self, pod: str) -> None:
         """Forget an ejected pod's L0/L1 entries; its L2 writes stay (shared storage)."""
+        self._touches.apply()
+        self._last_walk = None
         slot = self._slot_of.get(pod)
         if slot is None:
             return
@@ -165,54 +225,71 @@ class MemoryStore:
         self._slot_of[pod] = slot
         return slot
 
-    def _touch_or_add(self, key: int) -> _Entry:
-        e = self._entries.get(key)
-        if e is not None:
-            self._entries.move_to_end(key)
-            return e
-        e = self._entries[key] = _Entry()
-        if len(self._entries) > self.capacity:
-            old_key, old = self._entries.popitem(last=False)
+    def _add(self, key: int, state: State) -> None:
+        """Insert a new key as most recent; evict the least recently used beyond capacity."""
+        entries = self._entries
+        entries[key] = state
+        if len(entries) > self.capacity:
+            old_key, old = entries.popitem(last=False)
             self._unlink(old_key, old)
-        return e
 
-    def _unlink(self, key: int, e: _Entry) -> None:
-        """Drop every secondary reference to an evicted or emptied key."""
-        for slot in _bits(e.l0 | e.l1 | sum(1 << s for s in e.spec or ())):
+    def _unlink(self, key: int, state: State) -> None:
+        """Drop every secondary reference to an evicted key."""
+        l0, l1, writer, spec = state
+        for slot in bits(l0 | l1 | spec_slots(spec)):
             self._pod_keys[slot].discard(key)
             counts = self._counts[slot]
-            counts[0] -= (e.l0 >> slot) & 1
-            counts[1] -= (e.l1 >> slot) & 1
-        if e.l2 is not None:
-            self._discard_l2(e.l2, key)
+            counts[0] -= (l0 >> slot) & 1
+            counts[1] -= (l1 >> slot) & 1
+        if writer is not None:
+            self._discard_l2(writer, key)
 
     def _store_local(self, slot: int, tier: Tier, keys: Sequence[int]) -> None:
         bit = 1 << slot
-        counts = self._counts[slot]
+        is_l0 = tier is Tier.L0
+        entries = self._entries
         pod_keys = self._pod_keys[slot]
-        touch = self._touch_or_add
+        fresh: State = (bit, 0, None, None) if is_l0 else (0, bit, None, None)
+        memo: dict[int, tuple[State, State, int]] = {}  # id(old) -> (old, new, gained)
+        gained = 0  # keys that gain this pod in this tier
         for key in keys:
-            e = touch(key)
-            if tier is Tier.L0:
-                if not e.l0 & bit:
-                    e.l0 |= bit
-                    counts[0] += 1
-                if e.spec is not None:
-                    e.spec.pop(slot, None)  # confirmed by the engine
-            elif not e.l1 & bit:
-                e.l1 |= bit
-                counts[1] += 1
+            old = entries.get(key)
+            if old is None:
+                self._add(key, fresh)
+                gained += 1
+            else:
+                entries.move_to_end(key)
+                hit = memo.get(id(old))
+                if hit is None:
+                    hit = memo[id(old)] = stored(old, slot, bit, is_l0)
+                if hit[1] is not old:
+                    entries[key] = hit[1]
+                    gained += hit[2]
             pod_keys.add(key)
+        self._counts[slot][0 if is_l0 else 1] += gained
 
     def _store_l2(self, pod: str, keys: Sequence[int]) -> None:
+        entries = self._entries
         mine = self._l2_keys.setdefault(pod, set())
+        fresh: State = (0, 0, pod, None)
+        memo: dict[int, tuple[State, State]] = {}  # id(old) -> (old, new): one per state
         for key in keys:
-            e = self._touch_or_add(key)
-            if e.l2 != pod:
-                if e.l2 is not None:
-                    self._discard_l2(e.l2, key)
-                e.l2 = pod
-                mine.add(key)
+            old = entries.get(key)
+            if old is None:
+                self._add(key, fresh)
+            else:
+                entries.move_to_end(key)
+                if old[2] == pod:
+                    continue
+                if old[2] is not None:
+                    self._discard_l2(old[2], key)
+                hit = memo.get(id(old))
+                if hit is None:
+                    hit = memo[id(old)] = (old, (old[0], old[1], pod, old[3]))
+                entries[key] = hit[1]
+            # an eviction may have emptied and dropped this pod's set meanwhile
+            mine = self._l2_keys.setdefault(pod, mine)
+            mine.add(key)
 
     def _discard_l2(self, writer: str, key: int) -> None:
         keys = self._l2_keys.get(writer)
@@ -223,40 +300,48 @@ class MemoryStore:
 
     def _remove(self, pod: str, tier: Tier, keys: Iterable[int]) -> None:
         if tier is Tier.L2:  # fleet-wide: any pod may remove it
+            entries = self._entries
+            memo: dict[int, tuple[State, State]] = {}
             for key in keys:
-                e = self._entries.get(key)
-                if e is not None and e.l2 is not None:
-                    self._discard_l2(e.l2, key)
-                    e.l2 = None
-                    self._drop_if_empty(key, e)
+                old = entries.get(key)
+                if old is not None and old[2] is not None:
+                    self._discard_l2(old[2], key)
+                    if old[0] or old[1] or old[3]:
+                        hit = memo.get(id(old))
+                        if hit is None:
+                            hit = memo[id(old)] = (old, (old[0], old[1], None, old[3]))
+                        entries[key] = hit[1]
+                    else:
+                        del entries[key]
             return
         slot = self._slot_of.get(pod)
         if slot is not None:
-            for key in keys:
-                self._remove_local(slot, tier, key)
+            self._remove_local(slot, tier, keys)
 
-    def _remove_local(self, slot: int, tier: Tier, key: int) -> None:
-        e = self._entries.get(key)
-        if e is None:
-            return
+    def _remove_local(self, slot: int, tier: Tier, keys: Iterable[int]) -> None:
         bit = 1 << slot
-        counts = self._counts[slot]
-        if tier is Tier.L0:
-            if e.l0 & bit:
-                e.l0 ^= bit
-                counts[0] -= 1
-            if e.spec is not None:
-                e.spec.pop(slot, None)
-        elif e.l1 & bit:
-            e.l1 ^= bit
-            counts[1] -= 1
-        if not ((e.l0 | e.l1) & bit or (e.spec and slot in e.spec)):
-            self._pod_keys[slot].discard(key)
-        self._drop_if_empty(key, e)
-
-    def _drop_if_empty(self, key: int, e: _Entry) -> None:
-        if e.empty():
-            del self._entries[key]
+        is_l0 = tier is Tier.L0
+        entries = self._entries
+        pod_keys = self._pod_keys[slot]
+        memo: dict[int, tuple[State, State, int]] = {}  # id(old) -> (old, new, lost)
+        lost = 0
+        for key in keys:
+            old = entries.get(key)
+            if old is None:
+                continue
+            hit = memo.get(id(old))
+            if hit is None:
+                hit = memo[id(old)] = removed(old, slot, bit, is_l0)
+            new = hit[1]
+            lost += hit[2]
+            l0, l1, writer, spec = new
+            if not ((l0 | l1 | spec_slots(spec)) & bit):
+                pod_keys.discard(key)
+            if not (l0 or l1 or spec or writer is not None):
+                del entries[key]
+            elif new is not old:
+                entries[key] = new
+        self._counts[slot][0 if is_l0 else 1] -= lost
 
     def _clear(self, pod: str, tiers: Iterable[Tier]) -> None:
         tiers = set(tiers)
@@ -265,89 +350,121 @@ class MemoryStore:
         slot = self._slot_of.get(pod)
         if slot is None:
             return
-        for key in list(self._pod_keys[slot]):
-            for tier in (Tier.L0, Tier.L1):
-                if tier in tiers:
-                    self._remove_local(slot, tier, key)
+        for tier in (Tier.L0, Tier.L1):
+            if tier in tiers:
+                self._remove_local(slot, tier, list(self._pod_keys[slot]))
 
     # -- reads ----------------------------------------------------------------
 
+    def _held_prefix(self, keys: Sequence[int]) -> list[State]:
+        """States of ``keys`` up to the first absent one, read in growing chunks
+        (a prompt's uncached tail costs at most as many reads as its cached head)."""
+        get = self._entries.get
+        states: list[State] = []
+        start, step, total = 0, _FIRST_CHUNK, len(keys)
+        while start < total:
+            chunk = list(map(get, keys[start : start + step]))
+            try:
+                cut = chunk.index(None)  # type: ignore[arg-type]
+            except ValueError:
+                states += chunk  # type: ignore[arg-type]
+                start, step = start + step, step * 8
+                continue
+            states += chunk[:cut]  # type: ignore[arg-type]
+            break
+        return states
+
     def match_now(self, keys: Sequence[int], block_size: int) -> PrefixMatch:
-        """Per-pod L0 and L0∪L1 prefixes plus the fleet-wide L2 prefix, in one walk."""
-        entries = self._entries
-        touch = entries.move_to_end
+        """Per-pod L0 and L0∪L1 prefixes plus the fleet-wide L2 prefix, one step per
+        run of keys held alike (see the module docstring)."""
+        states = self._held_prefix(keys)
+        walked = len(states)  # keys the walk reaches, so touches
+        now: float | None = None
         alive0 = alive01 = 0  # pods whose L0 (resp. L0∪L1) chain is unbroken
         l2_alive = True
         l2 = 0
         ends0: dict[int, int] = {}  # slot -> prefix length once its chain broke
         ends01: dict[int, int] = {}
-        n = 0
-        for i, key in enumerate(keys):
-            e = entries.get(key)
-            if e is None:
-                break
-            touch(key)
-            m0 = e.l0
-            if e.spec is not None:
-                m0 |= self._live_spec(key, e)
-                if e.empty():  # only expired speculation was left
-                    del entries[key]
+        n = 0  # blocks walked past: the run being looked at starts here
+        live = 0
+        runs: list[tuple[State, int]] = []  # the walked keys' states, for a speculation
+        for state, run in groupby(states):
+            length = len(list(run))
+            l0, l1, writer, spec = state
+            m0 = l0
+            if spec is not None:
+                now = self._clock() if now is None else now
+                live = live_slots(spec, now)
+                m0 |= live
+                if not (m0 or l1 or writer is not None):  # only expired speculation left
+                    self._drop_expired(keys[n], spec)
+                    walked = n
                     break
-            m01 = m0 | e.l1
-            if i == 0:
+            m01 = m0 | l1
+            if n == 0:
                 alive0, alive01 = m0, m01
             else:
                 if alive0 & m0 != alive0:
-                    for slot in _bits(alive0 & ~m0):
-                        ends0[slot] = i
+                    for slot in bits(alive0 & ~m0):
+                        ends0[slot] = n
                     alive0 &= m0
                 if alive01 & m01 != alive01:
-                    for slot in _bits(alive01 & ~m01):
-                        ends01[slot] = i
+                    for slot in bits(alive01 & ~m01):
+                        ends01[slot] = n
                     alive01 &= m01
+            l2_alive = l2_alive and writer is not None
+            # nobody holds this key in any tier (or no chain can grow)
+            stop = not (alive01 or l2_alive)
+            if spec is not None and live != spec_slots(spec):  # the walked keys forget it
+                state = self._prune_expired(keys[n : n + (1 if stop else length)], state, live)
+            runs.append((state, 1 if stop else length))
+            if stop:
+                walked = n + 1
+                break
+            n += length
             if l2_alive:
-                if e.l2 is None:
-                    l2_alive = False
-                else:
-                    l2 = i + 1
-            if not (alive01 or l2_alive):
-                break  # nobody holds this key in any tier (or no chain can grow)
-            n = i + 1
-        for slot in _bits(alive0):
+                l2 = n
+        if walked:
+            self._last_walk = (tuple(islice(keys, walked)), runs)
+            self._touches.defer(self._last_walk[0])
+        for slot in bits(alive0):
             ends0[slot] = n
-        for slot in _bits(alive01):
+        for slot in bits(alive01):
             ends01[slot] = n
-        pods = {
+        return PrefixMatch(len(keys), block_size, self._prefixes(ends0, ends01), l2)
+
+    def _prefixes(self, ends0: dict[int, int], ends01: dict[int, int]) -> dict[str, PodPrefix]:
+        return {
             self._pods[slot] or "": PodPrefix(l0=ends0.get(slot, 0), l0_l1=l01)
             for slot, l01 in ends01.items()
             if l01 > 0
         }
-        return PrefixMatch(total_blocks=len(keys), block_size=block_size, pods=pods, l2=l2)
 
-    def _live_spec(self, key: int, e: _Entry) -> int:
-        """Bitmask of unexpired speculative L0 holders; prunes expired ones."""
-        spec = e.spec or {}
-        now = self._clock()
-        mask = 0
-        for slot, deadline in list(spec.items()):
-            if deadline > now:
-                mask |= 1 << slot
-                continue
-            del spec[slot]
-            if not ((e.l0 | e.l1) >> slot) & 1:
-                self._pod_keys[slot].discard(key)
-        if not spec:
-            e.spec = None
-        return mask
+    def _prune_expired(self, keys: Sequence[int], state: State, live: int) -> State:
+        """Forget the expired speculation of a run of keys in ``state`` (one shared
+        new state, returned; ``OrderedDict.update`` of present keys keeps their order)."""
+        l0, l1, writer, spec = state
+        kept = tuple(p for p in spec or () if (live >> p[0]) & 1) or None
+        new = (l0, l1, writer, kept)
+        self._entries.update(zip(keys, repeat(new)))
+        for slot in bits(spec_slots(spec) & ~live & ~(l0 | l1)):
+            self._pod_keys[slot].difference_update(keys)
+        return new
+
+    def _drop_expired(self, key: int, spec: Spec) -> None:
+        """A key only expired speculation held: gone, like any emptied key."""
+        del self._entries[key]
+        self._last_walk = None  # it may have walked this key
+        for slot in bits(spec_slots(spec)):
+            self._pod_keys[slot].discard(key)
 
     def l2_writers_now(self, keys: Sequence[int]) -> dict[str, int]:
         """Writer pod -> number of blocks it wrote within the fleet-wide L2 prefix."""
         out: dict[str, int] = {}
-        for key in keys:
-            e = self._entries.get(key)
-            if e is None or e.l2 is None:
+        for writer, run in groupby(self._held_prefix(keys), key=_WRITER):
+            if writer is None:
                 break
-            out[e.l2] = out.get(e.l2, 0) + 1
+            out[writer] = out.get(writer, 0) + len(list(run))
         return out
 
     def bounds(self) -> dict[str, Bound]:
@@ -370,14 +487,15 @@ class MemoryStore:
 
     def snapshot(self) -> list[tuple[str, list[IndexOp]]]:
         """Confirmed entries as ``Stored`` ops per pod, oldest first (for resyncing Redis)."""
+        self._touches.apply()
         by_pod: dict[str, dict[Tier, list[int]]] = {}
-        for key, e in self._entries.items():
-            for tier, mask in ((Tier.L0, e.l0), (Tier.L1, e.l1)):
-                for slot in _bits(mask):
+        for key, (l0, l1, writer, _) in self._entries.items():
+            for tier, mask in ((Tier.L0, l0), (Tier.L1, l1)):
+                for slot in bits(mask):
                     pod = self._pods[slot] or ""
                     by_pod.setdefault(pod, {}).setdefault(tier, []).append(key)
-            if e.l2 is not None:
-                by_pod.setdefault(e.l2, {}).setdefault(Tier.L2, []).append(key)
+            if writer is not None:
+                by_pod.setdefault(writer, {}).setdefault(Tier.L2, []).append(key)
         return [
             (pod, [Stored(tier, keys) for tier, keys in tiers.items()])
             for pod, tiers in by_pod.items()

@@ -2,12 +2,17 @@
 
 ``mode``: ``local`` (offline tokenizer only), ``engine`` (ask a pod), ``auto`` (local
 when it can reproduce the engine, the pod otherwise). Results are cached in a bounded
-LRU keyed by a 128-bit hash of the rendered prompt (local) or of the canonical request
-(engine): only hashes and token ids are kept, never prompt text.
+LRU keyed by 128-bit hashes: locally, of each *segment* of the rendered prompt
+(``kvindex.tokenization.incremental``: a prompt costs only the segments earlier
+prompts did not have; a tokenizer that cannot be segmented is cached by whole
+prompt), and of the canonical request for the engine. Only hashes and token ids
+are kept, never prompt text.
 
-Encoding is CPU work (~0.6 µs per character on a 2-core VM; the Rust tokenizer drops
-the GIL), so prompts longer than ``offload_chars`` are rendered and encoded in a worker
-thread; shorter ones run inline, where a thread hop would cost more than the work.
+Encoding is CPU work (~0.25 µs per character on a 2-core VM; the Rust tokenizer drops
+the GIL in ``encode_batch``, which the transformers call and the segmented path use, but
+not in ``Tokenizer.encode``), so text to encode longer than ``offload_chars`` is encoded
+in a worker thread, and a chat whose rendering costs as much (``render_cost_chars``) is
+rendered there; less runs inline, where a thread hop would cost more than the work.
 """
 
 from __future__ import annotations
@@ -24,13 +29,17 @@ import xxhash
 from kvindex.lru import BoundedLRU
 from kvindex.tokenization.engine import EngineTokenizeError, EngineTokenizer
 from kvindex.tokenization.errors import UnsupportedPrompt
+from kvindex.tokenization.incremental import IncrementalEncoder
 from kvindex.tokenization.local import LocalTokenizer
 from kvindex.tokenization.prompt import ChatPrompt
 from kvindex.types import Bound
 
 Mode = Literal["local", "engine", "auto"]
 DEFAULT_CACHE_TOKENS = 4_000_000  # ~16 MB of uint32 ids
-TOKEN_BYTES = 4  # uint32 ids; an entry's own overhead (~200 B) is noise at prompt sizes
+TOKEN_BYTES = 4  # uint32 ids
+# An entry's own memory (LRU node, 16-byte key, array header: ~200 B, tracemalloc) in
+# tokens, counted against the capacity: a cache of short segments stays within it too.
+ENTRY_TOKENS = 50
 DEFAULT_OFFLOAD_CHARS = 2048  # ~1 ms of encoding: above this a thread hop pays off
 
 
@@ -46,19 +55,26 @@ class TokenizationStats:
     engine: int = 0
     fallbacks: int = 0  # auto mode: local could not, the engine did
     offloaded: int = 0
+    encoded_chars: int = 0  # local: characters sent to the tokenizer
+    reused_tokens: int = 0  # local: token ids taken from cached segments
 
 
 class TokenCache:
-    """LRU of prompt hash → token ids, bounded by the total number of tokens held."""
+    """LRU of hash → token ids, bounded by the tokens held (each entry also counts
+    ``entry_tokens`` for its own overhead)."""
 
-    def __init__(self, capacity_tokens: int = DEFAULT_CACHE_TOKENS) -> None:
+    def __init__(self, capacity_tokens: int = DEFAULT_CACHE_TOKENS, entry_tokens: int = 0) -> None:
         self.capacity_tokens = capacity_tokens
+        self.entry_tokens = entry_tokens
         # ids as uint32 arrays: 4 bytes a token, against ~36 in a list of ints
-        self._lru: BoundedLRU[bytes, array[int]] = BoundedLRU(capacity_tokens, weigh=len)
+        self._lru: BoundedLRU[bytes, array[int]] = BoundedLRU(capacity_tokens, weigh=self._weigh)
+
+    def _weigh(self, ids: array[int]) -> int:
+        return len(ids) + self.entry_tokens
 
     @property
     def tokens(self) -> int:
-        """Token ids held, in all entries."""
+        """Tokens held, in all entries, with each entry's overhead."""
         return self._lru.size
 
     def bound(self) -> Bound:
@@ -74,6 +90,13 @@ class TokenCache:
     def put(self, key: bytes, ids: Sequence[int]) -> None:
         """Keep ``ids`` as most recent, unless they alone exceed the capacity."""
         self._lru.put(key, array("I", ids))
+
+    def get_array(self, key: bytes) -> array[int] | None:
+        """The ids as stored (not to be changed), now the most recent; None if absent."""
+        return self._lru.touch(key)
+
+    def put_array(self, key: bytes, ids: array[int]) -> None:
+        self._lru.put(key, ids)
 
 
 def _key(kind: bytes, text: str) -> bytes:
@@ -98,9 +121,14 @@ class Tokenization:
         self.mode: Mode = mode
         self.local = local if mode != "engine" else None
         self.engine = engine
-        self.cache = TokenCache(cache_tokens)
+        self.cache = TokenCache(cache_tokens, ENTRY_TOKENS)
         self.offload_chars = offload_chars
         self.stats = TokenizationStats()
+        self.incremental = (
+            IncrementalEncoder.for_backend(self.local.backend, self.cache, self.local.encode)
+            if self.local is not None
+            else None
+        )
 
     async def chat(self, prompt: ChatPrompt, *, engine: EngineTokenizer | None = None) -> list[int]:
         """Ids of a chat request as the engine will see them."""
@@ -146,6 +174,9 @@ class Tokenization:
 
     async def _local_encode(self, kind: bytes, text: str, add_special_tokens: bool) -> list[int]:
         assert self.local is not None
+        inc = self.incremental
+        if inc is not None and inc.handles(add_special_tokens):
+            return await self._incremental(inc, text, add_special_tokens)
         key = _key(kind, text)
         cached = self.cache.get(key)
         if cached is not None:
@@ -153,6 +184,7 @@ class Tokenization:
             return cached
         self.stats.misses += 1
         self.stats.local += 1
+        self.stats.encoded_chars += len(text)
         if len(text) > self.offload_chars:
             self.stats.offloaded += 1
             ids = await asyncio.to_thread(self.local.encode, text, add_special_tokens)
@@ -160,6 +192,26 @@ class Tokenization:
             ids = self.local.encode(text, add_special_tokens)
         self.cache.put(key, ids)
         return ids
+
+    async def _incremental(
+        self, inc: IncrementalEncoder, text: str, add_special_tokens: bool
+    ) -> list[int]:
+        """Only the segments no earlier prompt had are encoded, off the loop when long."""
+        plan = inc.plan(text, add_special_tokens)
+        self.stats.reused_tokens += plan.reused_tokens
+        if not plan.missing:
+            self.stats.hits += 1
+            return inc.finish(plan, [])
+        self.stats.misses += 1
+        self.stats.local += 1
+        chars = plan.missing_chars
+        self.stats.encoded_chars += chars
+        if chars > self.offload_chars:
+            self.stats.offloaded += 1
+            encoded = await asyncio.to_thread(inc.encode, plan)
+        else:
+            encoded = inc.encode(plan)
+        return inc.finish(plan, encoded)
 
     async def _via_engine(
         self, kind: bytes, request: dict[str, Any], call: Callable[[], Awaitable[list[int]]]
@@ -179,20 +231,24 @@ class Tokenization:
         return ids
 
 
-# Rendering a message (normalising it, one pass of the template's loop) costs about as
-# much as encoding ~20 characters (~5 µs against ~0.3 µs a character, tiny model's
-# template, 2-core VM): 240k empty messages are seconds of work with no characters.
+# Rendering costs ~4 µs a message (normalising it, one pass of the template's loop) and
+# little a character (~20 µs for one message of 100k characters, 3 ms for 1M: copies),
+# against ~0.25 µs a character to encode (tiny model's template, 2-core VM). In
+# characters-to-encode, a message costs 20 and 50 characters of text cost one: 240k
+# empty messages, or megabytes of text, move off the event loop; an 8 KB chat renders
+# inline (~20 µs, against ~70 µs through a worker thread).
 MESSAGE_COST_CHARS = 20
+RENDER_CHARS_PER_CHAR = 50
 
 
 def render_cost_chars(messages: Sequence[Mapping[str, Any]]) -> int:
-    """Work to render ``messages``, in characters-to-encode: their text plus a fixed
-    cost per message, so that many short messages move off the event loop too."""
-    total = MESSAGE_COST_CHARS * len(messages)
+    """Work to render ``messages``, in characters-to-encode: a fixed cost per message,
+    so that many short messages move off the event loop too, and a little per character."""
+    chars = 0
     for m in messages:
         content = m.get("content") if isinstance(m, Mapping) else None
         if isinstance(content, str):
-            total += len(content)
+            chars += len(content)
         elif isinstance(content, list):
-            total += sum(len(str(p.get("text", ""))) for p in content if isinstance(p, Mapping))
-    return total
+            chars += sum(len(str(p.get("text", ""))) for p in content if isinstance(p, Mapping))
+    return MESSAGE_COST_CHARS * len(messages) + chars // RENDER_CHARS_PER_CHAR

@@ -55,6 +55,11 @@ class LocalTokenizer:
         self._tok = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
         self._override = chat_template  # like vLLM's --chat-template; None: the tokenizer's
 
+    @property
+    def backend(self) -> Any:
+        """The Rust ``tokenizers.Tokenizer`` under the HF tokenizer (None for a slow one)."""
+        return getattr(self._tok, "backend_tokenizer", None)
+
     def template_for(self, tools: list[dict[str, Any]] | None = None) -> str:
         """The template vLLM resolves: the override, else the tokenizer's (tool_use with tools)."""
         try:

@@ -37,6 +37,7 @@ async def test_bench_reports_one_row_per_prompt_size(factory) -> None:
     assert all(r.ingest_blocks_per_s > 0 for r in rows)
     assert all(0 < r.lookup_p50_us <= r.lookup_p99_us for r in rows)
     assert all(0 < r.partial_p50_us <= r.partial_p99_us for r in rows)
+    assert all(0 < r.routed_p50_us <= r.routed_p99_us for r in rows)
 
 
 def test_bench_table_prints_every_row() -> None:

@@ -1,0 +1,226 @@
+"""``kvgate bench tokenize``: what local tokenization costs, and what a long prompt
+costs the requests beside it.
+
+Three tables, on the tiny model's tokenizer (byte-level BPE, ChatML template):
+
+* **costs**, median of ``repeats`` runs, one ``Tokenization`` as the gateway holds it:
+  rendering a conversation of ``tokens`` tokens in 40 messages, encoding it whole
+  (the transformers call vLLM's renderer makes), and through the segment cache when
+  it is new, repeated, one turn longer, and a document of ``tokens`` tokens under a
+  new question;
+* **GIL**: the event loop's worst lag while a thread encodes the long prompt with
+  ``Tokenizer.encode``, ``encode_batch``, the transformers call, and the segmented
+  encoder: which of them let the loop run;
+* **interference**, in one event loop as in the gateway: a short chat request
+  arriving every 2 ms and tokenized (a cache hit), timed from its arrival (so the
+  time it waited for the loop counts), in rounds that take turns: alone, and while
+  ``tokens``-token prompts are tokenized back to back beside it, all new (their
+  cache keeps nothing), through the segment cache or whole as before it. The
+  difference in the short requests' time is what a long prompt adds to its
+  neighbours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from bench.prompts import text_of_tokens
+from bench.tinymodel import ensure_tokenizer
+from kvindex.tokenization import ChatPrompt, LocalTokenizer, Tokenization
+
+SHORT = [{"role": "user", "content": "What is a prefix cache? Answer in one line."}]
+
+
+@dataclass(frozen=True, slots=True)
+class Interference:
+    label: str
+    short_requests: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    long_prompts: int
+
+
+async def _ms(f: Callable[[], Awaitable[Any]], repeats: int) -> float:
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        await f()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples) * 1e3
+
+
+def _conversation(tokens: int, seed: str) -> list[dict[str, str]]:
+    text = text_of_tokens(tokens, seed=seed, tokenizer_dir=ensure_tokenizer())
+    n = 40
+    step = len(text) // n
+    return [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": text[i * step : (i + 1) * step]}
+        for i in range(n)
+    ]
+
+
+async def measure_costs(
+    local: LocalTokenizer, tokens: int, repeats: int
+) -> list[tuple[str, float]]:
+    """(what, median ms) for rendering and every path of encoding a long prompt."""
+    msgs = _conversation(tokens, "costs")
+    prompt = ChatPrompt(msgs)
+    text = local.render_chat(prompt)
+    doc = text_of_tokens(tokens, seed="costs-doc", tokenizer_dir=ensure_tokenizer())
+
+    async def render() -> None:
+        local.render_chat(prompt)
+
+    async def whole() -> None:
+        local.encode(text, False)
+
+    def fresh() -> Tokenization:
+        return Tokenization("tiny", "local", local, offload_chars=10**9)  # all inline
+
+    async def cold() -> None:
+        await fresh().chat(prompt)
+
+    warm, rag = fresh(), fresh()
+    await warm.chat(prompt)
+    await rag.chat(ChatPrompt([{"role": "user", "content": f"{doc}\n\nQuestion: first"}]))
+    turns = iter(range(10**6))
+
+    async def again() -> None:
+        await warm.chat(prompt)
+
+    async def next_turn() -> None:
+        extra = [
+            {"role": "assistant", "content": "Noted."},
+            {"role": "user", "content": f"Follow-up {next(turns)}: and the bounds?"},
+        ]
+        await warm.chat(ChatPrompt([*msgs, *extra]))
+
+    async def question() -> None:
+        content = f"{doc}\n\nQuestion: number {next(turns)}?"
+        await rag.chat(ChatPrompt([{"role": "user", "content": content}]))
+
+    return [
+        (f"render {len(msgs)} messages ({len(text):,} chars)", await _ms(render, repeats)),
+        ("encode whole (transformers call)", await _ms(whole, repeats)),
+        ("segmented, new prompt (cold cache)", await _ms(cold, repeats)),
+        ("segmented, same prompt again", await _ms(again, repeats)),
+        ("segmented, one more turn", await _ms(next_turn, repeats)),
+        (f"segmented, {tokens:,}-token document, new question", await _ms(question, repeats)),
+    ]
+
+
+def measure_gil(local: LocalTokenizer, tokens: int) -> list[tuple[str, float, float]]:
+    """(how, encode ms, worst event-loop lag ms) with the encode in a worker thread."""
+    text = local.render_chat(ChatPrompt(_conversation(tokens, "gil")))
+    backend = local.backend
+    tok = Tokenization("tiny", "local", local)
+    inc = tok.incremental
+    assert inc is not None
+    ways: list[tuple[str, Callable[[], Any]]] = [
+        ("Tokenizer.encode", lambda: backend.encode(text, add_special_tokens=False).ids),
+        ("Tokenizer.encode_batch", lambda: backend.encode_batch([text], False)[0].ids),
+        ("transformers __call__", lambda: local.encode(text, False)),
+        ("segmented (encode_batch_fast)", lambda: inc.encode(inc.plan(text, False))),
+    ]  # fmt: skip
+    return [(name, *asyncio.run(_lag_during(f))) for name, f in ways]
+
+
+async def _lag_during(work: Callable[[], Any], repeats: int = 5) -> tuple[float, float]:
+    loop = asyncio.get_running_loop()
+    worst = 0.0
+    took = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fut = loop.run_in_executor(None, work)
+        while not fut.done():
+            due = loop.time() + 0.0005
+            await asyncio.sleep(0.0005)
+            worst = max(worst, loop.time() - due)
+        await fut
+        took.append(time.perf_counter() - start)
+    return statistics.median(took) * 1e3, worst * 1e3
+
+
+MODES: tuple[str | None, ...] = (None, "segmented", "whole")
+
+
+async def _interference(local: LocalTokenizer, tokens: int, seconds: float) -> list[Interference]:
+    """Short requests every 2 ms, in rounds of 0.5 s that take turns (so a machine
+    whose other load comes and goes weighs on every mode alike): alone, beside long
+    prompts through the segment cache, and beside long prompts encoded whole (as
+    without it). The long prompts' cache keeps nothing: each is encoded anew."""
+    short = Tokenization("tiny", "local", local)
+    await short.chat(ChatPrompt(SHORT))  # cached: the short request's own cost is a hit
+    longs = {m: Tokenization("tiny", "local", local, cache_tokens=1) for m in MODES if m}
+    longs["whole"].incremental = None
+    doc = text_of_tokens(tokens, seed="interference", tokenizer_dir=ensure_tokenizer())
+    samples: dict[str | None, list[float]] = {m: [] for m in MODES}
+    done = dict.fromkeys(MODES, 0)
+    loop = asyncio.get_running_loop()
+    for _ in range(max(1, round(seconds / 0.5))):
+        for mode in MODES:
+            stop = loop.time() + 0.5
+
+            async def long_prompts(
+                tok: Tokenization, mode: str | None = mode, stop: float = stop
+            ) -> None:
+                while loop.time() < stop:
+                    await tok.chat(ChatPrompt([{"role": "user", "content": doc}]))
+                    done[mode] += 1
+
+            background = asyncio.create_task(long_prompts(longs[mode])) if mode else None
+            arrival = loop.time()
+            while arrival < stop:
+                arrival += 0.002  # arrivals on a fixed schedule, whatever the loop is doing
+                await asyncio.sleep(max(0.0, arrival - loop.time()))
+                await short.chat(ChatPrompt(SHORT))
+                samples[mode].append(loop.time() - arrival)  # waiting for the loop, and work
+            if background is not None:
+                await background
+    out = []
+    for mode in MODES:
+        s = sorted(samples[mode])
+        label = f"beside {tokens:,}-token prompts ({mode})" if mode else "alone"
+        out.append(Interference(
+            label, len(s), statistics.median(s) * 1e3, s[int(len(s) * 0.99)] * 1e3,
+            s[-1] * 1e3, done[mode],
+        ))  # fmt: skip
+    return out
+
+
+def run_tokenize_bench(
+    tokens: int = 32768, repeats: int = 5, seconds: float = 5.0, console: Console | None = None
+) -> None:
+    console = console or Console()
+    local = LocalTokenizer(ensure_tokenizer())
+    load = "/".join(f"{x:.1f}" for x in os.getloadavg())
+    costs = Table(title=f"Local tokenization, {tokens:,}-token prompts (median of {repeats})")
+    costs.add_column("what")
+    costs.add_column("ms", justify="right")
+    for what, ms in asyncio.run(measure_costs(local, tokens, repeats)):
+        costs.add_row(what, f"{ms:.2f}")
+    console.print(costs)
+    gil = Table(title=f"Encoding {tokens:,} tokens in a worker thread: does the loop run?")
+    for col in ("how", "encode ms", "worst loop lag ms"):
+        gil.add_column(col, justify="right" if col != "how" else "left")
+    for how, ms, lag in measure_gil(local, tokens):
+        gil.add_row(how, f"{ms:.1f}", f"{lag:.2f}")
+    console.print(gil)
+    table = Table(title=f"A short chat request every 2 ms, {seconds:g} s per row, one event loop")
+    for col in ("short requests", "n", "p50 ms", "p99 ms", "max ms", "long prompts done"):
+        table.add_column(col, justify="right" if col != "short requests" else "left")
+    for r in asyncio.run(_interference(local, tokens, seconds)):
+        table.add_row(r.label, str(r.short_requests), f"{r.p50_ms:.3f}", f"{r.p99_ms:.3f}",
+                      f"{r.max_ms:.3f}", str(r.long_prompts))  # fmt: skip
+    table.caption = f"load average {load} (1/5/15 min) at the start; {os.cpu_count()} CPUs"
+    console.print(table)
