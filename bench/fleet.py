@@ -31,6 +31,7 @@ from bench.peers import PEERS, PeerUnavailable, PodEndpoint, run_peer
 from bench.podstats import FleetStats, collect, routing_decision_ms
 from bench.profiles import sim_cost_model
 from bench.summary import RunSummary, summarize
+from bench.variants import split_variant
 from bench.workloads import Workload, poisson_arrivals
 
 STRATEGIES = ["round-robin", "least-loaded", "prefix-aware", "kv-aware"]
@@ -213,9 +214,14 @@ def _router(plan: FleetPlan, router: str, pods: list[PodEndpoint]) -> Iterator[R
 
             redis_url = stack.enter_context(running_redis()).url
         named = [(f"pod-{i}", _spec(p)) for i, p in enumerate(pods)]
+        strategy, variant = split_variant(router)
         env = _gateway_env(plan, redis_url)
+        if variant.name:
+            env |= variant.gateway_env()
         gateways = [
-            stack.enter_context(run_gateway(named, strategy=router, env=env, workers=plan.workers))
+            stack.enter_context(
+                run_gateway(named, strategy=strategy, env=env, workers=plan.workers)
+            )
             for _ in range(plan.gateways)
         ]
         yield Routers(list(gateways), [g.pid for g in gateways], redis_url)

@@ -43,6 +43,7 @@ from bench.workloads import Workload, chat_workload, rag_workload, user_contexts
 BLOCK_SIZE = 32
 ROUTERS = (
     "kv-aware",
+    "kv-aware/no-speculation",  # the same, speculative placement off (coalescing on/off)
     "prefix-aware",
     "round-robin",
     "vllm-router:kv_aware",
@@ -418,7 +419,8 @@ def write_report(
         f"{BLOCK_SIZE}, prefix caching and KV events on) on this 2-core machine, routers and "
         f"load generator on the same cores. Seeds {', '.join(map(str, plan.seeds))}; every "
         f"cell starts its router anew, resets the pods' prefix caches and sends prompts of "
-        f"its own. Pod prefill measured at start: {fit.overhead_s * 1000:.1f} ms + "
+        f"its own; `kv-aware/no-speculation` is kv-aware with `index.speculative_ttl_s: 0`. "
+        f"Pod prefill measured at start: {fit.overhead_s * 1000:.1f} ms + "
         f"{1e6 / fit.tokens_per_s:.1f} µs/token; kv-aware configured with "
         f"`{json.dumps(kv_options)}`.",
         "",

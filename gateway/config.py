@@ -227,7 +227,8 @@ class IndexSettings(BaseModel):
     redis_url: str | None = None  # redis://[:password@]host:port/db or rediss:// for TLS
     namespace: str = "kvgate"
     key_ttl_s: float = 3600.0  # every Redis block key expires unless re-stored
-    speculative_ttl_s: float = 3.0  # chosen pod holds the prompt's blocks until events confirm
+    # The chosen pod holds the prompt's blocks until events confirm; 0: no speculation.
+    speculative_ttl_s: float = Field(default=3.0, ge=0)
     engine_map_capacity: int = 200_000  # engine hash -> router key entries per pod
     redis_cluster: bool = False  # redis_url names a node of a Redis Cluster
     # Replay each pod's KV events at start (its replay endpoint), so a gateway that joins

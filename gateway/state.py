@@ -155,7 +155,8 @@ async def running_gateway(
     async with httpx.AsyncClient(limits=limits, timeout=settings.timeouts.total_s) as client:
         registry = PodRegistry(settings.pods, client, settings.health, metrics, settings.lora)
         kv = KvIndex(settings, prometheus, client, worker is None or worker.writes_shared_events)
-        core.set_speculation(kv.speculate)
+        if settings.index.speculative_ttl_s > 0:  # 0: no speculative entries at all
+            core.set_speculation(kv.speculate)
         scale = scale_out(settings, core, kv, registry, prometheus, worker)  # load view first
         registry.on_admit(kv.pod_admitted)
         registry.on_eject(kv.pod_ejected)

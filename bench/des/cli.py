@@ -24,6 +24,7 @@ from bench.des.sim import run_des
 from bench.des.types import TIER_SETUPS, DesPodSpec, DesRequest
 from bench.des.workload import MOONCAKE_BLOCK_TOKENS, load_mooncake, poisson_arrivals
 from bench.profiles import PROFILES, get_profile
+from bench.variants import split_variant
 from routing.strategy_registry import canonical_name
 
 DEFAULT_STRATEGIES = "round-robin,least-loaded,prefix-aware,kv-aware"
@@ -87,7 +88,7 @@ def _strategy_options(
     strategy: str, kv_base: dict[str, Any], user: dict[str, Any]
 ) -> dict[str, Any] | None:
     """``--strategy-options`` for ``strategy``, laid over kv-aware's matching cost model."""
-    name = canonical_name(strategy)
+    name = canonical_name(split_variant(strategy)[0])
     mine: dict[str, Any] = {}
     for key, value in user.items():
         if canonical_name(key) == name:
@@ -116,11 +117,13 @@ def _run(
 ) -> DesSummary:
     task = bar.add_task(label, total=total)
     started = time.perf_counter()
+    base, variant = split_variant(strategy)
     results = run_des(
         requests,
         pods,
-        strategy,
+        base,
         spec,
+        speculative_ttl_s=variant.speculative_ttl_s,
         concurrency=concurrency,
         strategy_options=options,
         event_delay_s=args.event_delay_ms / 1000,

@@ -61,7 +61,11 @@ class FleetSim:
         self.core = RoutingCore.from_config(
             strategy,
             {self.strategy_name: strategy_options} if strategy_options else None,
-            speculate=lambda pod, keys: self.store.speculate_now(pod, keys, speculative_ttl_s),
+            speculate=(
+                (lambda pod, keys: self.store.speculate_now(pod, keys, speculative_ttl_s))
+                if speculative_ttl_s > 0
+                else None
+            ),
             clock=lambda: self.now,
         )
         self.strategy = self.core.strategy_for(model)
@@ -272,6 +276,7 @@ def run_des(
     strategy_options: Mapping[str, Any] | None = None,
     event_delay_s: float = 0.0,
     scrape_interval_s: float = 2.0,
+    speculative_ttl_s: float = 3.0,
     progress: Progress | None = None,
 ) -> list[DesResult]:
     """Simulate ``workload_requests`` on ``n_pods`` pods routed by ``strategy``.
@@ -298,6 +303,7 @@ def run_des(
         strategy_options=options,
         event_delay_s=event_delay_s,
         scrape_interval_s=scrape_interval_s,
+        speculative_ttl_s=speculative_ttl_s,
     )
     if concurrency is None:
         sim.run_open(workload_requests, progress)  # type: ignore[arg-type]

@@ -78,6 +78,17 @@ def test_kv_aware_follows_the_cached_prefix_round_robin_does_not():
     assert (rr3[3].pod, rr3[3].cached_tokens) == ("pod-1", 0)
 
 
+def test_speculation_sends_a_prefix_to_where_it_was_routed_before_events_say_so():
+    # B repeats A's prompt after A's prefill but before the pod's events reach the
+    # index (2 s late): only A's speculative entry says where the prefix is.
+    reqs = [req(0, 80, 100), req(1.5, 80, 1)]  # A still decoding when B arrives
+    kw = {"strategy_options": {"calibrate": False}, "event_delay_s": 2.0}
+    on = run_des(reqs, 2, "kv-aware", spec(), **kw)
+    off = run_des(reqs, 2, "kv-aware", spec(), speculative_ttl_s=0, **kw)
+    assert (on[1].pod, on[1].cached_tokens) == (on[0].pod, 76)
+    assert (off[1].pod != off[0].pod, off[1].cached_tokens) == (True, 0)
+
+
 def test_l2_serves_another_pods_prompt_and_counts_it_cross_pod():
     tiers = spec(l1_capacity_blocks=64, l2_capacity_blocks=1000)
     a, b = run_des([req(0, 81, 1), req(5, 81, 1)], 2, "round-robin", tiers)

@@ -1,0 +1,30 @@
+"""Benchmark router names with a kvgate variant (``kv-aware/no-speculation``)."""
+
+import pytest
+
+from bench.des.cli import _strategy_options
+from bench.variants import split_variant
+from gateway.config import Settings
+
+
+def test_a_plain_strategy_is_the_default_variant():
+    strategy, variant = split_variant("kv-aware")
+    assert (strategy, variant.name, variant.speculative_ttl_s) == ("kv-aware", "", 3.0)
+
+
+def test_no_speculation_turns_the_gateways_speculation_off():
+    strategy, variant = split_variant("kv-aware/no-speculation")
+    assert strategy == "kv-aware" and variant.speculative_ttl_s == 0
+    settings = Settings(_env_file=None, **{"index": {"speculative_ttl_s": 0}})
+    assert variant.gateway_env() == {"KVGATE_INDEX__SPECULATIVE_TTL_S": "0.0"}
+    assert settings.index.speculative_ttl_s == 0
+
+
+def test_an_unknown_variant_is_refused_with_the_known_ones():
+    with pytest.raises(ValueError, match="no-speculation"):
+        split_variant("kv-aware/no-speculatoin")
+
+
+def test_the_des_gives_a_variant_its_strategys_options():
+    options = _strategy_options("kv-aware/no-speculation", {"a": 1}, {"kv-aware": {"b": 2}})
+    assert options == {"a": 1, "b": 2}
