@@ -100,13 +100,13 @@ class Bodies:
     def __init__(self, prompt_bytes: int, seed: int = 0) -> None:
         self.rng = random.Random(seed)
         self.prompt_bytes = prompt_bytes
-        self._base = _text(self.rng, prompt_bytes)
+        self.base = _text(self.rng, prompt_bytes)
         self._n = 0
         self._conversations: list[list[dict[str, str]]] = []
 
     def varied(self, stream: bool = False) -> bytes:
         self._n += 1
-        system = f"{self._n}-{self.rng.random()} {self._base}"
+        system = f"{self._n}-{self.rng.random()} {self.base}"
         messages = [{"role": "system", "content": system},
                     {"role": "user", "content": f"question {self._n}?"}]  # fmt: skip
         return json.dumps({"model": MODEL, "messages": messages, "max_tokens": 1,
@@ -122,7 +122,7 @@ class Bodies:
         if len(conv) >= 2 * turns or not conv:
             conv.clear()
             half = self.prompt_bytes // 2
-            conv.append({"role": "system", "content": f"{self._n} {self._base[:half]}"})
+            conv.append({"role": "system", "content": f"{self._n} {self.base[:half]}"})
         conv.append({"role": "user", "content": _text(self.rng, self.prompt_bytes // 16)})
         body = json.dumps({"model": MODEL, "messages": conv, "max_tokens": 1, "stream": stream})
         conv.append({"role": "assistant", "content": _text(self.rng, self.prompt_bytes // 16)})
@@ -247,14 +247,19 @@ end
 """
 
 
+def wrk_script(workload: str, base: str) -> str:
+    """wrk's Lua script sending ``workload`` bodies built around ``base`` (a prompt)."""
+    return _WRK_SCRIPT % {
+        "words": ",".join(f'"{w}"' for w in _WORDS), "base": base, "workload": workload,
+        "turn_words": max(4, len(base) // 16 // 6), "model": MODEL,
+    }  # fmt: skip
+
+
 def wrk_rps(
     url: str, workload: str, seconds: float, connections: int, base: str
 ) -> tuple[float, int]:
     """Requests/s and non-2xx count from wrk with generated bodies."""
-    script = _WRK_SCRIPT % {
-        "words": ",".join(f'"{w}"' for w in _WORDS), "base": base, "workload": workload,
-        "turn_words": max(4, len(base) // 16 // 6), "model": MODEL,
-    }  # fmt: skip
+    script = wrk_script(workload, base)
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(script)
     try:
@@ -308,7 +313,7 @@ def measure(
         cpu_before, started = process_cpu_s(pid), time.perf_counter()
         if use_wrk:
             result.rps, result.errors = wrk_rps(target, workload, seconds, connections,
-                                                bodies._base)  # fmt: skip
+                                                bodies.base)  # fmt: skip
         else:
             result.rps, result.errors = asyncio.run(
                 python_rps(target, bodies, workload, seconds, connections)
@@ -349,7 +354,7 @@ def run_overhead(
         console.print("[yellow]wrk not found (apt-get install wrk): requests/s are measured "
                       "with a Python client, which limits them")  # fmt: skip
     with zero_pod() as pod:
-        base = Bodies(prompt_bytes)._base
+        base = Bodies(prompt_bytes).base
         if use_wrk:
             direct_rps, _ = wrk_rps(f"{pod}/v1/chat/completions", "varied", seconds,
                                     connections, base)  # fmt: skip

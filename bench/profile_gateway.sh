@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Profile a gateway under load: a zero-latency pod, `kvgate serve` in front of it,
+# wrk with 32 connections sending ~8 KB chats (the overhead benchmark's bodies), and
+# py-spy sampling the gateway at 200 Hz for 8 s. Prints wrk's requests/s and the
+# profile's top entries (bench/pyspy_top.py).
+#
+#   bench/profile_gateway.sh STRATEGY [varied|multi-turn] [OUT.txt]
+#   KVGATE_TREE=../kvgate-3da02ca bench/profile_gateway.sh ...   # an older checkout's gateway
+#
+# Needs wrk and py-spy (`make test` installs wrk; `pip install py-spy`).
+set -euo pipefail
+strategy=${1:?strategy}
+workload=${2:-varied}
+out=${3:-/tmp/kvgate-profile-$strategy-$workload.txt}
+cd "$(dirname "$0")/.."
+py=${PYTHON:-.venv/bin/python}
+spy=$(command -v py-spy || echo .venv/bin/py-spy)
+read -r pod_port gw_port admin_port < <("$py" -c "
+from bench.ports import free_ports; print(*free_ports(3))")
+tokenizer=$("$py" -c "from bench.tinymodel import ensure_tokenizer; print(ensure_tokenizer())")
+lua=$(mktemp --suffix=.lua)
+"$py" -m bench.zero_pod --port "$pod_port" &
+pod=$!
+export KVGATE_MODELS="{\"kvgate-tiny-llama\": {\"block_size\": 32, \"tokenizer\": \"$tokenizer\"}}"
+if [[ -n "${KVGATE_TREE:-}" ]]; then
+  # A "before" profile: the gateway of another checkout (a worktree of an older
+  # commit, from before `cli/`, the admin listener and --workers).
+  (cd "$KVGATE_TREE" && exec "$OLDPWD/$py" -m gateway.cli serve --port "$gw_port" \
+    --pod "zero=http://127.0.0.1:$pod_port" --strategy "$strategy" --log-level warning) &
+else
+  "$py" -m cli serve --port "$gw_port" --admin-port "$admin_port" --workers 1 \
+    --pod "zero=http://127.0.0.1:$pod_port" --strategy "$strategy" --log-level warning &
+fi
+gw=$!
+trap 'kill $gw $pod 2>/dev/null; rm -f "$lua"' EXIT
+"$py" -c "from bench.overhead import Bodies, wrk_script
+print(wrk_script('$workload', Bodies(8192).base))" > "$lua"
+"$py" -c "
+import httpx
+from bench.polling import wait_for
+def ready():
+    try:
+        return httpx.get('http://127.0.0.1:$gw_port/ready').status_code == 200
+    except httpx.HTTPError:
+        return False
+wait_for(ready, 30, 'the gateway ready')"
+wrk -t2 -c32 -d12s -s "$lua" "http://127.0.0.1:$gw_port/v1/chat/completions" > "$out.wrk" &
+sleep 1
+"$spy" record -p "$gw" -d 8 -r 200 -f raw -o "$out" --nonblocking > /dev/null 2>&1
+wait %3 2>/dev/null || sleep 4
+grep -E "Requests/sec|Non-2xx" "$out.wrk" || true
+"$py" -m bench.pyspy_top "$out"
