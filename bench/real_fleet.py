@@ -79,6 +79,7 @@ class RealCell:
     seed: int
     p50_ms: float | None = None
     p90_ms: float | None = None
+    p99_ms: float | None = None  # the tail: a pod or router stall shows here first
     cached: float | None = None
     errors: int = 0
     requests: int = 0
@@ -97,6 +98,7 @@ class RouterSummary:
     p90_worst_ms: float
     p90_best_ms: float
     p50_median_ms: float
+    p99_worst_ms: float
     cached_median: float
     busiest_pod_share: float  # median over seeds of the busiest pod's share of requests
     prediction_error: float | None
@@ -182,6 +184,7 @@ def _real_cell(
     if c.summary is not None:
         s = c.summary
         rc.p50_ms, rc.p90_ms, rc.cached = s.ttft_p50_ms, s.ttft_p90_ms, s.cached_ratio
+        rc.p99_ms = s.ttft_p99_ms
         rc.errors, rc.requests = s.errors, s.requests
         rc.prediction_error = s.ttft_prediction_error
     return rc
@@ -275,6 +278,7 @@ def summarize(cells: Sequence[RealCell]) -> list[RouterSummary]:
                 max(p90),
                 min(p90),
                 statistics.median(c.p50_ms for c in runs if c.p50_ms is not None),
+                max((c.p99_ms for c in runs if c.p99_ms is not None), default=float("nan")),
                 statistics.median(c.cached for c in runs if c.cached is not None),
                 statistics.median(shares) if shares else float("nan"),
                 statistics.median(errors) if errors else None,
@@ -348,6 +352,7 @@ def print_summaries(console: Console, summaries: Sequence[RouterSummary]) -> Non
         "p90 median",
         "p90 worst",
         "p50 median",
+        "p99 worst",
         "cached",
         "busiest pod",
         "pred. error",
@@ -363,6 +368,7 @@ def print_summaries(console: Console, summaries: Sequence[RouterSummary]) -> Non
             f"{s.p90_median_ms:.0f}",
             f"{s.p90_worst_ms:.0f}",
             f"{s.p50_median_ms:.0f}",
+            f"{s.p99_worst_ms:.0f}",
             f"{s.cached_median:.1%}",
             f"{s.busiest_pod_share:.0%}",
             _pct(s.prediction_error),
@@ -425,11 +431,12 @@ def write_report(
         f"`{json.dumps(kv_options)}`.",
         "",
         "| workload | load | router | seeds | TTFT p90 median ms | p90 worst ms | p50 median ms "
-        "| cached | busiest pod | TTFT pred. error | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| p99 worst ms | cached | busiest pod | TTFT pred. error | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
         *(
             f"| {s.workload} | {s.load} | {s.router} | {s.seeds} | {s.p90_median_ms:.0f} | "
-            f"{s.p90_worst_ms:.0f} | {s.p50_median_ms:.0f} | {s.cached_median:.1%} | "
+            f"{s.p90_worst_ms:.0f} | {s.p50_median_ms:.0f} | {s.p99_worst_ms:.0f} | "
+            f"{s.cached_median:.1%} | "
             f"{s.busiest_pod_share:.0%} | {_pct(s.prediction_error)} | {s.errors} |"
             for s in summaries
         ),

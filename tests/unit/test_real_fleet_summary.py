@@ -1,0 +1,61 @@
+"""How the real-fleet benchmark judges its runs: medians and worsts over seeds, and
+the verdicts against the best peer policy."""
+
+from bench.real_fleet import RealCell, summarize, verdicts
+
+
+def cell(router: str, seed: int, p90: float, cached: float = 0.8, per_pod=(5, 5), p99=None):
+    return RealCell("chat", "closed:4", router, seed, p50_ms=p90 / 2, p90_ms=p90,
+                    p99_ms=p99 or p90 * 2, cached=cached, per_pod=list(per_pod))  # fmt: skip
+
+
+def by_router(cells):
+    return {s.router: s for s in summarize(cells)}
+
+
+def test_a_router_is_summarised_by_its_median_and_worst_p90_never_its_best():
+    s = by_router([cell("kv-aware", 0, 50), cell("kv-aware", 1, 90), cell("kv-aware", 2, 70)])
+    kv = s["kv-aware"]
+    assert (kv.seeds, kv.p90_median_ms, kv.p90_worst_ms, kv.p90_best_ms) == (3, 70, 90, 50)
+    assert kv.p99_worst_ms == 180
+
+
+def test_the_busiest_pod_share_is_the_median_over_seeds():
+    s = by_router([cell("kv-aware", 0, 50, per_pod=(9, 1)), cell("kv-aware", 1, 50, per_pod=(6, 4)),
+                   cell("kv-aware", 2, 50, per_pod=(5, 5))])  # fmt: skip
+    assert s["kv-aware"].busiest_pod_share == 0.6
+
+
+def test_skipped_cells_do_not_count():
+    skipped = RealCell("chat", "closed:4", "kv-aware", 1, skipped="router unavailable")
+    assert by_router([cell("kv-aware", 0, 50), skipped])["kv-aware"].seeds == 1
+
+
+def test_kv_aware_is_judged_against_the_peer_policy_with_the_lowest_median_p90():
+    cells = [cell("kv-aware", 0, 40, cached=0.9), cell("vllm-router:kv_aware", 0, 60, cached=0.85),
+             cell("sglang-router:cache_aware", 0, 55, cached=0.88)]  # fmt: skip
+    (v,) = [v for v in verdicts(summarize(cells)) if v.ours == "kv-aware"]
+    assert v.against == "sglang-router:cache_aware"
+    assert round(v.p90_ratio, 3) == round(40 / 55, 3) and v.holds
+
+
+def test_a_verdict_fails_on_ratio_worst_or_cached_share():
+    def holds(ours_p90, ours_cached, peer_worst):
+        cells = [cell("kv-aware", 0, ours_p90, cached=ours_cached),
+                 cell("sglang-router:cache_aware", 0, 100, cached=0.9),
+                 cell("sglang-router:cache_aware", 1, peer_worst, cached=0.9)]  # fmt: skip
+        (v,) = [v for v in verdicts(summarize(cells)) if v.ours == "kv-aware"]
+        return v.holds
+
+    assert holds(60, 0.9, 100)  # p90 60 vs the peer's median 100, its worst 100
+    assert not holds(90, 0.9, 100)  # ratio 0.9 > 0.8
+    assert not holds(60, 0.85, 100)  # less cached than the peer
+    assert not holds(70, 0.9, 65)  # our worst (70) above the peer's worst (65)
+
+
+def test_prefix_aware_is_judged_against_sglang_routers_cache_aware_and_variants_never():
+    routers = {"prefix-aware": 40, "kv-aware/no-speculation": 10,
+               "sglang-router:cache_aware": 80, "vllm-router:kv_aware": 30}  # fmt: skip
+    cells = [cell(router, 0, p90) for router, p90 in routers.items()]
+    got = {(v.ours, v.against) for v in verdicts(summarize(cells))}
+    assert got == {("prefix-aware", "sglang-router:cache_aware")}
