@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -96,10 +98,17 @@ def _real(args: argparse.Namespace) -> int:
         from bench.report import write_doc_section
 
         command = " ".join(["kvgate bench real", *sys.argv[3:]])
-        report = (args.out / "report.md").read_text()
-        body = f"## Real vLLM pods\n\nCommand: `{command}`\n\n{report}"
+        body = real_doc_section(command, args.out, args.doc)
         write_doc_section(args.doc, "real-fleet", body)
     return 0 if all(not c.skipped for c in cells) else 1
+
+
+def real_doc_section(command: str, out: Path, doc: Path) -> str:
+    """The real-fleet report as a section of ``doc``, its plots linked from there."""
+    report = (out / "report.md").read_text()
+    rel = os.path.relpath(out.resolve(), doc.resolve().parent)
+    report = re.sub(r"!\[([^]]*)\]\(([^)/]+)\)", lambda m: f"![{m[1]}]({rel}/{m[2]})", report)
+    return f"## Real vLLM pods\n\nCommand: `{command}`\n\n{report}"
 
 
 def _calibrate(args: argparse.Namespace) -> int:

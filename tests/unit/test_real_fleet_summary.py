@@ -59,3 +59,14 @@ def test_prefix_aware_is_judged_against_sglang_routers_cache_aware_and_variants_
     cells = [cell(router, 0, p90) for router, p90 in routers.items()]
     got = {(v.ours, v.against) for v in verdicts(summarize(cells))}
     assert got == {("prefix-aware", "sglang-router:cache_aware")}
+
+
+def test_the_doc_section_links_the_reports_plots_from_the_docs_folder(tmp_path):
+    from bench.cli import real_doc_section
+
+    out, doc = tmp_path / "docs" / "bench-real", tmp_path / "docs" / "BENCHMARKS.md"
+    out.mkdir(parents=True)
+    (out / "report.md").write_text("table\n![real-chat.png](real-chat.png)\n")
+    section = real_doc_section("kvgate bench real --seeds 0", out, doc)
+    assert "Command: `kvgate bench real --seeds 0`" in section
+    assert "![real-chat.png](bench-real/real-chat.png)" in section
