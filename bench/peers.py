@@ -118,16 +118,19 @@ def peer_command(
 ) -> list[str]:
     """The peer's command line; ``policy`` replaces its default (``PeerSpec.policy``)."""
     spec = PEERS[name]
+    policy = policy or spec.policy
     cmd = [str(bin_dir / spec.entry[0]), *spec.entry[1:]]
-    cmd += ["--host", "127.0.0.1", "--port", str(port), "--policy", policy or spec.policy]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--policy", policy]
     cmd += ["--worker-urls", *[p.url for p in pods], "--prometheus-port", str(free_port())]
-    if name == "vllm-router":
+    if name == "vllm-router" and policy == "kv_aware":
+        # vllm-router refuses KV event sources with any other policy.
         cmd += ["--kv-event-block-size", str(block_size), "--kv-event-model", model]
         for p in pods:
             if p.events:
                 cmd += ["--kv-event-source", f"{p.url}={p.events}"]
             if p.replay:
                 cmd += ["--kv-event-replay-source", f"{p.url}={p.replay}"]
+    if name == "vllm-router":
         cmd += ["--log-level", "warning"]
     else:
         cmd += ["--log-level", "warn"]
