@@ -112,6 +112,9 @@ class RealPlan:
     cells: Sequence[str] = CELLS
     seeds: Sequence[int] = (0, 1, 2)
     kv_options: dict[str, Any] | None = None  # kv-aware options; None: from the measured fit
+    # Keep the cells of an earlier run in ``out`` (this run's cells replace theirs), e.g.
+    # to add a router the first run could not start, and report on all of them.
+    append: bool = False
 
 
 # -- pods ---------------------------------------------------------------------------------
@@ -193,7 +196,7 @@ def _real_cell(
 def run_real(plan: RealPlan, out: Path, console: Console | None = None) -> list[RealCell]:
     console = console or Console(width=160)
     out.mkdir(parents=True, exist_ok=True)
-    cells: list[RealCell] = []
+    cells = earlier_cells(out / "cells.json", plan) if plan.append else []
     with real_pods(plan.pods, out / "vllm-logs") as pods:
         urls = [p.url for p in pods]
         specs = [f"{p.url},events={p.events_endpoint},replay={p.replay_endpoint}" for p in pods]
@@ -223,6 +226,16 @@ def run_real(plan: RealPlan, out: Path, console: Console | None = None) -> list[
     print_summaries(console, summaries)
     write_report(plan, fit, kv_options, cells, summaries, out)
     return cells
+
+
+def earlier_cells(path: Path, plan: RealPlan) -> list[RealCell]:
+    """The cells an earlier run left in ``path``, less those this plan runs again."""
+    if not path.exists():
+        return []
+    again = {(c.partition("@")[0], c.partition("@")[2], r, s)
+             for c in plan.cells for r in plan.routers for s in plan.seeds}  # fmt: skip
+    cells = [RealCell(**c) for c in json.loads(path.read_text())]
+    return [c for c in cells if (c.workload, c.load, c.router, c.seed) not in again]
 
 
 @contextlib.contextmanager

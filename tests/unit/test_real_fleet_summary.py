@@ -70,3 +70,18 @@ def test_the_doc_section_links_the_reports_plots_from_the_docs_folder(tmp_path):
     section = real_doc_section("kvgate bench real --seeds 0", out, doc)
     assert "Command: `kvgate bench real --seeds 0`" in section
     assert "![real-chat.png](bench-real/real-chat.png)" in section
+
+
+def test_an_appended_run_keeps_earlier_cells_and_replaces_those_it_runs_again(tmp_path):
+    import json
+    from dataclasses import asdict
+
+    from bench.real_fleet import RealPlan, earlier_cells
+
+    skipped = RealCell("chat", "closed:4", "vllm-router:round_robin", 0, skipped="exited")
+    kept = cell("kv-aware", 0, 40)
+    path = tmp_path / "cells.json"
+    path.write_text(json.dumps([asdict(skipped), asdict(kept)]))
+    plan = RealPlan(routers=["vllm-router:round_robin"], cells=["chat@closed:4"], seeds=[0])
+    assert earlier_cells(path, plan) == [kept]
+    assert earlier_cells(tmp_path / "none.json", plan) == []
