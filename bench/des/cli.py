@@ -25,6 +25,7 @@ from bench.des.types import TIER_SETUPS, DesPodSpec, DesRequest
 from bench.des.workload import MOONCAKE_BLOCK_TOKENS, load_mooncake, poisson_arrivals
 from bench.profiles import PROFILES, get_profile
 from bench.variants import split_variant
+from routing.cost_model import CostModel
 from routing.strategy_registry import canonical_name
 
 DEFAULT_STRATEGIES = "round-robin,least-loaded,prefix-aware,kv-aware"
@@ -118,6 +119,8 @@ def _run(
     task = bar.add_task(label, total=total)
     started = time.perf_counter()
     base, variant = split_variant(strategy)
+    if variant.kv_options is not None:
+        options = {**variant.kv_options, "cost_model": CostModel().to_dict()}
     results = run_des(
         requests,
         pods,

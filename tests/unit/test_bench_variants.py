@@ -28,3 +28,12 @@ def test_an_unknown_variant_is_refused_with_the_known_ones():
 def test_the_des_gives_a_variant_its_strategys_options():
     options = _strategy_options("kv-aware/no-speculation", {"a": 1}, {"kv-aware": {"b": 2}})
     assert options == {"a": 1, "b": 2}
+
+
+def test_default_cost_model_gives_kv_aware_no_options_so_the_shipped_cost_model():
+    import json
+
+    _, variant = split_variant("kv-aware/default-cost-model")
+    env = variant.gateway_env()
+    assert json.loads(env["KVGATE_STRATEGY_OPTIONS"]) == {"kv-aware": {}}
+    assert env["KVGATE_INDEX__SPECULATIVE_TTL_S"] == "3.0"  # the rest as default
