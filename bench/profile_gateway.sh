@@ -7,7 +7,8 @@
 #   bench/profile_gateway.sh STRATEGY [varied|multi-turn] [OUT.txt]
 #   KVGATE_TREE=../kvgate-3da02ca bench/profile_gateway.sh ...   # an older checkout's gateway
 #
-# Needs wrk and py-spy (`make test` installs wrk; `pip install py-spy`).
+# Needs wrk and py-spy (`make test` installs both: wrk from Debian, py-spy with the
+# bench extra).
 set -euo pipefail
 strategy=${1:?strategy}
 workload=${2:-varied}
