@@ -45,6 +45,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_real(sub)
     _add_shared_load(sub)
     _add_tokenize(sub)
+    _add_seeds(sub)
+
+
+def _add_seeds(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "seeds",
+        help="several kvgate bench fleet runs (one per seed) as one table of medians",
+        description="Reads the results.json of fleet runs of the same plan with different "
+        "--seed and prints, per cell and router, the median and worst TTFT p90 over the "
+        "seeds, and kv-aware against each peer.",
+    )
+    p.add_argument("dirs", type=Path, nargs="+", help="fleet report directories (--out)")
+    p.add_argument("--doc", type=Path, help="also write the table as a section of this file")
+    p.set_defaults(bench_func=_seeds)
+
+
+def _seeds(args: argparse.Namespace) -> int:
+    from bench.fleet_seeds import load_cells, over_seeds, render
+
+    command = " ".join(["kvgate bench seeds", *sys.argv[3:]])
+    markdown = render(over_seeds(load_cells(args.dirs)), command)
+    print(markdown)
+    if args.doc is not None:
+        from bench.report import write_doc_section
+
+        write_doc_section(args.doc, "fleet-over-seeds", markdown)
+    return 0
 
 
 def _add_real(sub: argparse._SubParsersAction) -> None:

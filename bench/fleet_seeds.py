@@ -1,0 +1,94 @@
+"""``kvgate bench seeds``: fleet reports of several seeds, as one table of medians.
+
+A fleet run (``kvgate bench fleet --seed N --out DIR``) is one seed: one p90 per cell,
+which moves from seed to seed. This reads the ``results.json`` of several such runs
+(same plan, different seeds) and reports, per workload, tier setup, load and router,
+the median and the worst TTFT p90 over the seeds, the median cached share and the
+pods' own median TTFT, and kv-aware against each peer by median p90.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.fleet import is_peer
+
+
+@dataclass(frozen=True)
+class OverSeeds:
+    workload: str
+    tiers: str
+    load: str
+    router: str
+    seeds: int
+    p90_median_ms: float
+    p90_worst_ms: float
+    cached_median: float
+    pod_ttft_median_ms: float | None  # the pods' own mean TTFT: routing's effect without the hops
+
+
+def load_cells(dirs: Sequence[Path]) -> list[tuple[str, dict[str, Any]]]:
+    """(seed, cell) for every cell of every run directory's results.json."""
+    out = []
+    for d in dirs:
+        data = json.loads((d / "results.json").read_text())
+        seed = str(data["environment"].get("seed", d.name))
+        out += [(seed, c) for c in data["cells"] if not c.get("skipped") and c.get("summary")]
+    return out
+
+
+def over_seeds(cells: Sequence[tuple[str, dict[str, Any]]]) -> list[OverSeeds]:
+    groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
+    for _, c in cells:
+        groups.setdefault((c["workload"], c["tiers"], c["load"], c["router"]), []).append(c)
+    rows = []
+    for (workload, tiers, load, router), runs in groups.items():
+        p90 = [c["summary"]["ttft_p90_ms"] for c in runs]
+        pod = [c["stats"]["pod_ttft_sum_s"] / c["stats"]["pod_ttft_count"] * 1000
+               for c in runs if c.get("stats") and c["stats"].get("pod_ttft_count")]  # fmt: skip
+        rows.append(OverSeeds(
+            workload, tiers, load, router, len(runs), statistics.median(p90), max(p90),
+            statistics.median(c["summary"]["cached_ratio"] for c in runs),
+            statistics.median(pod) if pod else None,
+        ))  # fmt: skip
+    return rows
+
+
+def render(rows: Sequence[OverSeeds], command: str) -> str:
+    lines = [
+        "## Fleet over seeds",
+        "",
+        f"Command: `{command}` (each directory one `kvgate bench fleet --seed N` run of the "
+        "same plan). Median and worst TTFT p90 over the seeds; *pod TTFT* is the median over "
+        "seeds of the pods' own mean TTFT (the routing's effect without the HTTP hops and "
+        "the router's own time).",
+        "",
+        "| workload | tiers | load | router | seeds | TTFT p90 median ms | p90 worst ms | cached "
+        "| pod TTFT ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        pod = "n/a" if r.pod_ttft_median_ms is None else f"{r.pod_ttft_median_ms:.0f}"
+        lines.append(
+            f"| {r.workload} | {r.tiers} | {r.load} | {r.router} | {r.seeds} | "
+            f"{r.p90_median_ms:.0f} | {r.p90_worst_ms:.0f} | {r.cached_median:.1%} | {pod} |"
+        )
+    lines += ["", "| workload | tiers | load | peer | kv-aware p90 / peer p90 (median) | "
+              "kv-aware worst / peer worst ms |", "|---|---|---|---|---|---|"]  # fmt: skip
+    kv_aware = {(k.workload, k.tiers, k.load): k for k in rows if k.router == "kv-aware"}
+    for r in rows:
+        kv = kv_aware.get((r.workload, r.tiers, r.load))
+        if not is_peer(r.router) or kv is None:
+            continue
+        lines.append(
+            f"| {r.workload} | {r.tiers} | {r.load} | {r.router} | "
+            f"{kv.p90_median_ms / r.p90_median_ms:.2f} | {kv.p90_worst_ms:.0f} / "
+            f"{r.p90_worst_ms:.0f} |"
+        )
+    lines += ["", "Below 1: kv-aware's p90 is lower. A ratio near 1 is a tie."]
+    return "\n".join(lines) + "\n"
