@@ -59,14 +59,24 @@ def over_seeds(cells: Sequence[tuple[str, dict[str, Any]]]) -> list[OverSeeds]:
     return rows
 
 
-def render(rows: Sequence[OverSeeds], command: str) -> str:
+def run_commands(dirs: Sequence[Path]) -> list[str]:
+    """The ``kvgate bench fleet`` command each run directory's report names."""
+    return [json.loads((d / "results.json").read_text())["environment"].get("command", "?")
+            for d in dirs]  # fmt: skip
+
+
+def render(rows: Sequence[OverSeeds], command: str, runs: Sequence[tuple[str, str]] = ()) -> str:
+    """Markdown of ``rows``; ``runs``: (fleet command, link to its report) per seed."""
     lines = [
         "## Fleet over seeds",
         "",
-        f"Command: `{command}` (each directory one `kvgate bench fleet --seed N` run of the "
-        "same plan). Median and worst TTFT p90 over the seeds; *pod TTFT* is the median over "
-        "seeds of the pods' own mean TTFT (the routing's effect without the HTTP hops and "
-        "the router's own time).",
+        f"Command: `{command}`, over these runs of one plan (each report has its plots):",
+        "",
+        *(f"- `{run}` ([report]({link}))" for run, link in runs),
+        "",
+        "Median and worst TTFT p90 over the seeds; *pod TTFT* is the median over seeds of "
+        "the pods' own mean TTFT (the routing's effect without the HTTP hops and the "
+        "router's own time).",
         "",
         "| workload | tiers | load | router | seeds | TTFT p90 median ms | p90 worst ms | cached "
         "| pod TTFT ms |",
