@@ -55,20 +55,33 @@ def _ttft(client: httpx.Client, url: str, model: str, text: str) -> float:
     return time.perf_counter() - started
 
 
+def _prompt_tokens(client: httpx.Client, url: str, model: str, text: str) -> int | None:
+    """The pod's own token count of the chat (its ``/tokenize``), None if it has none."""
+    body = {"model": model, "messages": [{"role": "user", "content": text}]}
+    try:
+        r = client.post(f"{url}/tokenize", json=body)
+        r.raise_for_status()
+        return int(r.json()["count"])
+    except (httpx.HTTPError, KeyError, TypeError, ValueError):
+        return None
+
+
 def measure_prefill(
     url: str, model: str = MODEL_NAME, lengths: tuple[int, ...] = LENGTHS, repeats: int = 3
 ) -> PrefillFit:
-    """Median cold TTFT per prompt length on one idle pod, and the line through them."""
+    """Median cold TTFT per prompt length on one idle pod, and the line through them.
+
+    Prompts are cut to length with the tiny model's tokenizer; the x of each point is
+    the pod's own count (its ``/tokenize``), so the fit holds for the pod's model."""
     tokenizer = ensure_tokenizer()
     points: list[tuple[int, float]] = []
     with httpx.Client(timeout=120) as client:
         _ttft(client, url, model, "warm up")
         for n in lengths:
-            runs = [
-                _ttft(client, url, model, text_of_tokens(n, uuid.uuid4().hex, tokenizer))
-                for _ in range(repeats)
-            ]
-            points.append((n, statistics.median(runs)))
+            texts = [text_of_tokens(n, uuid.uuid4().hex, tokenizer) for _ in range(repeats)]
+            runs = [_ttft(client, url, model, text) for text in texts]
+            tokens = _prompt_tokens(client, url, model, texts[0]) or n
+            points.append((tokens, statistics.median(runs)))
     xs, ys = [p[0] for p in points], [p[1] for p in points]
     slope, intercept = statistics.linear_regression(xs, ys)
     slope = max(slope, 1e-7)
