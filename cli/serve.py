@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Tokenize each request on the thread that asked (Rust, GIL released) rather than
+    # fanning its ~2 KB calls out to a rayon pool: the pool's hand-off and idle spinning
+    # cost more than they save on calls that small, and --workers forks N processes
+    # that would each start one (`kvgate bench overhead`: docs/performance.md). An
+    # operator's own setting wins.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from gateway.config import SettingsSource, parse_pod_flag
     from gateway.server import serve
 
