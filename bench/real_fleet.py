@@ -301,7 +301,16 @@ def summarize(cells: Sequence[RealCell]) -> list[RouterSummary]:
                 sum(c.errors for c in runs),
             )
         )
-    return out
+    return sorted(out, key=_report_order)
+
+
+def _report_order(s: RouterSummary) -> tuple[int, str, float, int, str]:
+    """Cells in the plan's order, rates ascending; routers in ``ROUTERS`` order."""
+    name, load = s.workload, s.load
+    cell = next((i for i, c in enumerate(CELLS) if c.startswith(f"{name}@")), len(CELLS))
+    kind, _, value = load.partition(":")
+    router = ROUTERS.index(s.router) if s.router in ROUTERS else len(ROUTERS)
+    return cell, kind, float(value or 0), router, s.router
 
 
 @dataclass(frozen=True)
