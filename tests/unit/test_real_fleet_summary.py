@@ -88,10 +88,10 @@ def test_an_appended_run_keeps_earlier_cells_and_replaces_those_it_runs_again(tm
 
 
 def test_the_report_lists_cells_in_the_plans_order_rates_ascending_routers_as_listed():
-    cells = [RealCell("users", "poisson:16", "round-robin", 0, p50_ms=1, p90_ms=1, cached=1),
-             RealCell("users", "poisson:8", "sglang-router:cache_aware", 0, p50_ms=1, p90_ms=1, cached=1),
-             RealCell("users", "poisson:8", "kv-aware", 0, p50_ms=1, p90_ms=1, cached=1),
-             RealCell("chat", "closed:4", "kv-aware", 0, p50_ms=1, p90_ms=1, cached=1)]  # fmt: skip
+    shapes = [("users", "poisson:16", "round-robin"),
+              ("users", "poisson:8", "sglang-router:cache_aware"),
+              ("users", "poisson:8", "kv-aware"), ("chat", "closed:4", "kv-aware")]  # fmt: skip
+    cells = [RealCell(w, load, r, 0, p50_ms=1, p90_ms=1, cached=1) for w, load, r in shapes]
     order = [(s.workload, s.load, s.router) for s in summarize(cells)]
     assert order == [("chat", "closed:4", "kv-aware"), ("users", "poisson:8", "kv-aware"),
                      ("users", "poisson:8", "sglang-router:cache_aware"),
