@@ -180,6 +180,15 @@ class MemoryStore:
         entries = self._entries
         pod_keys = self._pod_keys[slot]
         fresh: State = (0, 0, None, ((slot, deadline),))
+        if len(keys) <= self.capacity and not any(map(entries.__contains__, keys)):
+            # A prompt no pod holds (a new one, or a sibling worker's speculation of
+            # one): the loop below would add each key in order and evict the oldest
+            # beyond capacity, which is this, at C speed.
+            entries.update(zip(keys, repeat(fresh)))
+            pod_keys.update(keys)
+            while len(entries) > self.capacity:
+                self._unlink(*entries.popitem(last=False))
+            return
         memo: dict[int, tuple[State, State]] = {}  # id(old) -> (old, new): one per state
         for key in keys:
             old = entries.get(key)
