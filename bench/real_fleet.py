@@ -37,6 +37,7 @@ from rich.table import Table
 from bench.calibrate import PrefillFit, measure_prefill
 from bench.fleet import Cell, FleetPlan, Load, is_peer, run_cell_retrying
 from bench.podstats import parse_metrics
+from bench.stats import pct
 from bench.tinymodel import MODEL_NAME, ensure_tokenizer
 from bench.workloads import Workload, chat_workload, rag_workload, user_contexts_workload
 
@@ -396,7 +397,7 @@ def print_summaries(console: Console, summaries: Sequence[RouterSummary]) -> Non
             f"{s.p99_worst_ms:.0f}",
             f"{s.cached_median:.1%}",
             f"{s.busiest_pod_share:.0%}",
-            _pct(s.prediction_error),
+            pct(s.prediction_error),
             str(s.errors),
         )
     console.print(table)
@@ -407,10 +408,6 @@ def print_summaries(console: Console, summaries: Sequence[RouterSummary]) -> Non
             f"cached {v.cached_ours:.1%} vs {v.cached_best_peer:.1%}: "
             f"{'holds' if v.holds else 'does not hold'}"
         )
-
-
-def _pct(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.0%}"
 
 
 # -- report -------------------------------------------------------------------------------
@@ -465,7 +462,7 @@ def write_report(
             f"| {s.workload} | {s.load} | {s.router} | {s.seeds} | {s.p90_median_ms:.0f} | "
             f"{s.p90_worst_ms:.0f} | {s.p50_median_ms:.0f} | {s.p99_worst_ms:.0f} | "
             f"{s.cached_median:.1%} | "
-            f"{s.busiest_pod_share:.0%} | {_pct(s.prediction_error)} | {s.errors} |"
+            f"{s.busiest_pod_share:.0%} | {pct(s.prediction_error)} | {s.errors} |"
             for s in summaries
         ),
         "",

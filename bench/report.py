@@ -22,6 +22,7 @@ from typing import Any
 from bench.fleet import Cell, FleetPlan, is_peer
 from bench.peers import PEERS, peer_version
 from bench.plots import write_plots
+from bench.stats import pct
 
 COLUMNS = (
     "router", "tiers", "load", "requests", "errors", "TTFT p50 ms", "TTFT p90 ms",
@@ -32,10 +33,6 @@ COLUMNS = (
 
 def _ms(v: float | None) -> str:
     return "n/a" if v is None or math.isnan(v) else f"{v:.0f}" if abs(v) >= 10 else f"{v:.2f}"
-
-
-def _pct(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.0%}"
 
 
 def cell_row(c: Cell) -> list[str]:
@@ -52,12 +49,12 @@ def cell_row(c: Cell) -> list[str]:
         _ms(s.ttft_p90_ms),
         _ms(s.ttft_p99_ms),
         f"{s.throughput_rps:.2f}",
-        _pct(s.cached_ratio),
-        *[_pct(st.tier_rate(t) if st else None) for t in ("L0", "L1", "L2")],
-        _pct(st.cross_pod_rate if st else None),
+        pct(s.cached_ratio),
+        *[pct(st.tier_rate(t) if st else None) for t in ("L0", "L1", "L2")],
+        pct(st.cross_pod_rate if st else None),
         _ms(c.overhead_ms),
         _ms(c.decision_ms),
-        _pct(s.ttft_prediction_error),
+        pct(s.ttft_prediction_error),
     ]
 
 
@@ -143,7 +140,7 @@ def peer_rows(cells: list[Cell]) -> list[list[str]]:
             continue
         rows.append([
             c.workload, c.tiers, c.load, _ms(k), c.router, _ms(p), versus(k, p),
-            _pct(kv.summary.cached_ratio), _pct(c.summary.cached_ratio),
+            pct(kv.summary.cached_ratio), pct(c.summary.cached_ratio),
         ])  # fmt: skip
     return rows
 

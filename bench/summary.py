@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bench.loadgen import RequestResult
-from bench.stats import percentile
+from bench.stats import percentile, prediction_error
 
 
 @dataclass(frozen=True)
@@ -57,13 +57,3 @@ def summarize(label: str, results: Sequence[RequestResult], duration_s: float) -
         duration_s=duration_s,
         ttft_prediction_error=prediction_error(ok),
     )
-
-
-def prediction_error(results: Sequence[RequestResult]) -> float | None:
-    """Median relative TTFT prediction error, |predicted - observed| / observed."""
-    errors = [
-        abs(r.predicted_ttft_s - r.ttft_s) / r.ttft_s
-        for r in results
-        if r.predicted_ttft_s is not None and r.ttft_s > 0
-    ]
-    return percentile(errors, 50) if errors else None

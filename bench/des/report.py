@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.des.types import DesResult
-from bench.stats import percentile
+from bench.stats import pct, percentile, prediction_error
 
 
 @dataclass(frozen=True)
@@ -62,21 +62,8 @@ def summarize_des(
         per_pod=dict(sorted(Counter(r.pod for r in results).items())),
         simulated_s=end - start,
         wall_s=wall_s,
-        ttft_prediction_error=_prediction_error(results),
+        ttft_prediction_error=prediction_error(results),
     )
-
-
-def _prediction_error(results: Sequence[DesResult]) -> float | None:
-    errors = [
-        abs(r.predicted_ttft_s - r.ttft_s) / r.ttft_s
-        for r in results
-        if r.predicted_ttft_s is not None and r.ttft_s > 0
-    ]
-    return median(errors) if errors else None
-
-
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.0%}"
 
 
 def _per_pod(per_pod: dict[str, int]) -> str:
@@ -106,7 +93,7 @@ def des_table(summaries: Sequence[DesSummary], title: str) -> Table:
             f"{s.hit_l1:.1%}",
             f"{s.hit_l2:.1%}",
             f"{s.cross_pod_l2:.0%}",
-            _pct(s.ttft_prediction_error),
+            pct(s.ttft_prediction_error),
             _per_pod(s.per_pod),
             f"{s.wall_s:.1f}",
         )
@@ -140,7 +127,7 @@ def over_seeds_table(groups: Mapping[tuple[str, str], Sequence[DesSummary]], tit
             f"{median(s.ttft_p50_ms for s in runs):.0f}",
             f"{mean(s.cached_ratio for s in runs):.1%}",
             f"{mean(s.cross_pod_l2 for s in runs):.0%}",
-            _pct(_median_or_none([s.ttft_prediction_error for s in runs])),
+            pct(_median_or_none([s.ttft_prediction_error for s in runs])),
         )
     return table
 
