@@ -62,13 +62,14 @@ def _add_seeds(sub: argparse._SubParsersAction) -> None:
 
 
 def _seeds(args: argparse.Namespace) -> int:
-    from bench.fleet_seeds import load_cells, over_seeds, render, run_commands
+    from bench.fleet_seeds import load_runs, over_seeds, render
 
     command = " ".join(["kvgate bench seeds", *sys.argv[3:]])
     where = args.doc.resolve().parent if args.doc is not None else Path.cwd()
-    links = [os.path.relpath((d / "report.md").resolve(), where) for d in args.dirs]
-    runs = list(zip(run_commands(args.dirs), links, strict=True))
-    markdown = render(over_seeds(load_cells(args.dirs)), command, runs)
+    runs = load_runs(args.dirs)
+    links = [(run.command, os.path.relpath((d / "report.md").resolve(), where))
+             for run, d in zip(runs, args.dirs, strict=True)]  # fmt: skip
+    markdown = render(over_seeds(runs), command, links)
     print(markdown)
     if args.doc is not None:
         from bench.report import write_doc_section

@@ -32,19 +32,25 @@ class OverSeeds:
     pod_ttft_median_ms: float | None  # the pods' own mean TTFT: routing's effect without the hops
 
 
-def load_cells(dirs: Sequence[Path]) -> list[tuple[str, dict[str, Any]]]:
-    """(seed, cell) for every cell of every run directory's results.json."""
-    out = []
+@dataclass(frozen=True)
+class FleetRun:
+    command: str  # the ``kvgate bench fleet`` command its report names
+    cells: list[dict[str, Any]]  # the cells that ran (skipped ones left out)
+
+
+def load_runs(dirs: Sequence[Path]) -> list[FleetRun]:
+    """Each run directory's results.json."""
+    runs = []
     for d in dirs:
         data = json.loads((d / "results.json").read_text())
-        seed = str(data["environment"].get("seed", d.name))
-        out += [(seed, c) for c in data["cells"] if not c.get("skipped") and c.get("summary")]
-    return out
+        cells = [c for c in data["cells"] if not c.get("skipped") and c.get("summary")]
+        runs.append(FleetRun(data["environment"].get("command", "?"), cells))
+    return runs
 
 
-def over_seeds(cells: Sequence[tuple[str, dict[str, Any]]]) -> list[OverSeeds]:
+def over_seeds(runs: Sequence[FleetRun]) -> list[OverSeeds]:
     groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
-    for _, c in cells:
+    for c in (c for run in runs for c in run.cells):
         groups.setdefault((c["workload"], c["tiers"], c["load"], c["router"]), []).append(c)
     rows = []
     for (workload, tiers, load, router), runs in groups.items():
@@ -57,12 +63,6 @@ def over_seeds(cells: Sequence[tuple[str, dict[str, Any]]]) -> list[OverSeeds]:
             statistics.median(pod) if pod else None,
         ))  # fmt: skip
     return rows
-
-
-def run_commands(dirs: Sequence[Path]) -> list[str]:
-    """The ``kvgate bench fleet`` command each run directory's report names."""
-    return [json.loads((d / "results.json").read_text())["environment"].get("command", "?")
-            for d in dirs]  # fmt: skip
 
 
 def render(rows: Sequence[OverSeeds], command: str, runs: Sequence[tuple[str, str]] = ()) -> str:

@@ -2,7 +2,7 @@
 
 import json
 
-from bench.fleet_seeds import load_cells, over_seeds, render
+from bench.fleet_seeds import load_runs, over_seeds, render
 
 
 def run_dir(tmp_path, seed, p90s):
@@ -22,7 +22,7 @@ def test_medians_and_worsts_over_seeds_and_kv_aware_against_each_peer(tmp_path):
     dirs = [run_dir(tmp_path, 0, {"kv-aware": 80, "sglang-router": 100}),
             run_dir(tmp_path, 1, {"kv-aware": 90, "sglang-router": 70}),
             run_dir(tmp_path, 2, {"kv-aware": 120, "sglang-router": 90})]  # fmt: skip
-    rows = {r.router: r for r in over_seeds(load_cells(dirs))}
+    rows = {r.router: r for r in over_seeds(load_runs(dirs))}
     assert set(rows) == {"kv-aware", "sglang-router"}  # the skipped cell is left out
     kv, peer = rows["kv-aware"], rows["sglang-router"]
     assert (kv.seeds, kv.p90_median_ms, kv.p90_worst_ms) == (3, 90, 120)
