@@ -1,18 +1,29 @@
-"""Online calibration of the cost model's prefill parameters from observed TTFTs.
+"""Online calibration of the cost model's prefill and per-running-request costs.
 
 Per finished request the gateway knows the observed TTFT, ``usage.prompt_tokens``,
-``usage.prompt_tokens_details.cached_tokens`` and what routing predicted (queue delay,
-tokens per tier). Subtracting the predicted queue delay and tier loads leaves the
-prefill part, a line in the uncached token count:
+``usage.prompt_tokens_details.cached_tokens`` and what routing predicted (prefill queue
+ahead, requests running on the pod, tokens per tier). Subtracting the predicted
+prefill queue and tier loads leaves a plane in the uncached token count ``x`` and the
+running requests ``r`` the prefill shared its steps with:
 
-    ttft - queue - load(L1) - load(L2) = overhead + uncached * s_per_token
+    ttft - queue - load(L1) - load(L2) = overhead + x * s_per_token + r * s_per_running
 
-``Calibrator`` keeps the last ``window`` such points in a ring buffer and fits the line
-with Theil-Sen (median of pairwise slopes, then median intercept). Its breakdown point
-is ~29%: one 100x outlier, a stalled pod or a clock hiccup, barely moves it, where a
-least-squares fit or plain EMA would swing. The fit is clamped within ``max_change`` x
-of the base model and only replaces it after ``min_samples`` points. Tier bandwidths
-and latencies stay as configured: TTFT alone cannot separate them from prefill.
+``s_per_running`` is what each running request adds to a new prefill: its decode
+steps interleave with the prefill and its KV is read in each step the two share. On a
+GPU that is small (the default 1 ms); on a CPU engine the step time grows with the
+batch and it is the larger term under load, so it is fitted, not assumed.
+
+``Calibrator`` keeps the last ``window`` points in a ring buffer and fits the plane by
+backfitting two robust lines: Theil-Sen (median of pairwise slopes) of the residual on
+``x``, then on ``r``, twice, then the median intercept. Its breakdown point is ~29%:
+one 100x outlier, a stalled pod or a clock hiccup barely moves it, where least squares
+or a plain EMA would swing. The pairs are a fixed sample of the sorted points (each
+with the points a quarter, a third, a half, ... of the window away), so a refit costs
+O(window log window) instead of window² on the request path. The fit is clamped within
+``max_change`` x of the base model and replaces it only after ``min_samples`` points;
+``s_per_running`` is fitted only when the window holds different running counts. Tier
+bandwidths and latencies stay as configured: TTFT alone cannot separate them from
+prefill.
 """
 
 from __future__ import annotations
@@ -40,7 +51,7 @@ class Calibrator:
         if window < 2 or min_samples < 2 or refit_every < 1 or max_change < 1:
             raise ValueError("calibrator: window/min_samples >= 2, refit_every >= 1")
         self.base = base or CostModel()
-        self._points: deque[tuple[int, float]] = deque(maxlen=window)
+        self._points: deque[tuple[int, int, float]] = deque(maxlen=window)
         self._min_samples = min_samples
         self._refit_every = refit_every
         self._max_change = max_change
@@ -64,13 +75,16 @@ class Calibrator:
         cached_tokens: int | None,
         *,
         queue_s: float = 0.0,
+        running: int = 0,
         l0_tokens: int = 0,
         l1_tokens: int = 0,
         l2_tokens: int = 0,
     ) -> bool:
         """Add one observation; returns False (and counts it) if it is unusable.
 
-        ``l*_tokens`` are the predicted tier split; the observed ``cached_tokens`` is
+        ``queue_s`` is the predicted prefill queue ahead of the request, without the
+        running requests' share; ``running`` how many requests that share was counted
+        for. ``l*_tokens`` are the predicted tier split; the observed ``cached_tokens`` is
         attributed to L0, then L1, then L2 in that order, any excess to L0 (a stale
         index is the usual cause). ``cached_tokens=None`` (no prompt-token details
         from the engine) trusts the prediction.
@@ -87,7 +101,7 @@ class Calibrator:
         l2 = min(rest - l1, max(0, l2_tokens))
         model = self.base
         prefill = ttft_s - queue_s - model.load_s(Tier.L1, l1) - model.load_s(Tier.L2, l2)
-        self._points.append((max(1, prompt_tokens - cached), prefill))
+        self._points.append((max(1, prompt_tokens - cached), max(0, running), prefill))
         self.accepted += 1
         self._since_fit += 1
         if len(self._points) >= self._min_samples and self._since_fit >= self._refit_every:
@@ -97,20 +111,41 @@ class Calibrator:
     def refit(self) -> CostModel:
         """Fit now (normally every ``refit_every`` updates) and return the model."""
         self._since_fit = 0
-        if len(self._points) < self._min_samples:
+        points = list(self._points)
+        if len(points) < self._min_samples:
             return self._model
-        slope = _theil_sen_slope(self._points)
-        if slope is None:  # all prompts the same length: keep the slope, fit the offset
-            slope = self._model.prefill_s_per_token
-        base_c = self.base.prefill_s_per_token
-        slope = min(max(slope, base_c / self._max_change), base_c * self._max_change)
-        overhead = median(y - slope * x for x, y in self._points)
-        overhead_cap = max(self.base.prefill_overhead_s * self._max_change, 1.0)
+        base = self.base
+        slope = self._model.prefill_s_per_token
+        per_running = self._model.decode_s_per_running
+        running_varies = len({r for _, r, _ in points}) > 1
+        for _ in range(2):  # backfitting: each line on what the other leaves
+            fitted = _robust_slope([(x, y - per_running * r) for x, r, y in points])
+            slope = _clamp(slope if fitted is None else fitted, base.prefill_s_per_token,
+                           self._max_change)  # fmt: skip
+            if not running_varies:
+                break
+            fitted = _robust_slope([(r, y - slope * x) for x, r, y in points])
+            if fitted is not None:
+                per_running = min(max(fitted, 0.0), self._running_cap())
+        overhead = median(y - slope * x - per_running * r for x, r, y in points)
+        overhead_cap = max(base.prefill_overhead_s * self._max_change, 1.0)
         overhead = min(max(overhead, 0.0), overhead_cap)
         self._model = replace(
-            self.base, prefill_tokens_per_s=1.0 / slope, prefill_overhead_s=overhead
+            base,
+            prefill_tokens_per_s=1.0 / slope,
+            prefill_overhead_s=overhead,
+            decode_s_per_running=per_running,
         )
         return self._model
+
+    def _running_cap(self) -> float:
+        """Upper bound of the fitted per-running cost: ``max_change`` x the base's, and
+        at least ``max_change`` ms (a base of 0 must still be able to learn)."""
+        return max(self.base.decode_s_per_running, 0.001) * self._max_change
+
+
+def _clamp(value: float, base: float, max_change: float) -> float:
+    return min(max(value, base / max_change), base * max_change)
 
 
 def _valid(
@@ -128,12 +163,20 @@ def _valid(
     return cached_tokens is None or 0 <= cached_tokens <= prompt_tokens
 
 
-def _theil_sen_slope(points: deque[tuple[int, float]]) -> float | None:
-    """Median of pairwise slopes over points with distinct x; None if there are none."""
-    pts = list(points)
+# Offsets, as fractions of the window, at which each sorted point is paired: pairs far
+# apart in x (a steep, precise slope each), several per point (the median has many).
+_PAIR_SPANS = (1 / 2, 1 / 3, 2 / 3, 1 / 4, 3 / 4, 1 / 6, 5 / 6)
+
+
+def _robust_slope(points: list[tuple[int, float]]) -> float | None:
+    """Theil-Sen over a fixed sample of pairs: the median slope between each point (in
+    x order) and the points a fixed share of the window further on. None if no pair
+    has distinct x."""
+    pts = sorted(points)
+    n = len(pts)
     slopes: list[float] = []
-    for i, (x1, y1) in enumerate(pts):
-        for x2, y2 in pts[i + 1 :]:
+    for span in {max(1, round(n * share)) for share in _PAIR_SPANS}:
+        for (x1, y1), (x2, y2) in zip(pts, pts[span:], strict=False):
             if x2 != x1:
                 slopes.append((y2 - y1) / (x2 - x1))
     return median(slopes) if slopes else None

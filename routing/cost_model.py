@@ -108,8 +108,8 @@ class CostModel:
         default_factory=lambda: TierCost(_FIT.l2_bandwidth_bytes_per_s, _FIT.l2_latency_s, 2.0)
     )
     # Extra TTFT per request already running on the pod: its KV is read in every step
-    # our prefill shares (~2k context x 56 KiB / 600 GB/s = 0.2 ms x ~5 steps). An
-    # estimate, not a fit; it mostly breaks ties towards emptier pods.
+    # our prefill shares (~2k context x 56 KiB / 600 GB/s = 0.2 ms x ~5 steps). The
+    # default is an estimate for a GPU; online calibration fits it (routing/calibration.py).
     decode_s_per_running: float = 0.001
     # Scraped ``waiting`` requests this gateway did not send have unknown length.
     waiting_prompt_tokens: int = 1024
@@ -236,8 +236,7 @@ class CostModel:
         ahead += max(0, pod.prefilling) * self.prefill_overhead_s * self.queued_overhead_share
         foreign_waiting = max(0, pod.waiting - pod.in_flight)
         waiting = foreign_waiting * self.prefill_s(self.waiting_prompt_tokens)
-        running = max(pod.running, pod.in_flight, 0)
-        return ahead + waiting + running * self.decode_s_per_running
+        return ahead + waiting + running_requests(pod) * self.decode_s_per_running
 
     def predict_ttft_s(
         self,
@@ -278,6 +277,12 @@ class CostModel:
         if gain <= 0:
             return math.inf
         return cost.min_speedup * cost.latency_s / gain
+
+
+def running_requests(pod: PodView) -> int:
+    """Requests running on ``pod`` as the queue term counts them: the scraped gauge or
+    this gateway's in-flight count, whichever is larger (the scrape lags)."""
+    return max(pod.running, pod.in_flight, 0)
 
 
 def _tier_from(value: Any, base: TierCost) -> TierCost:

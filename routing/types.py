@@ -62,6 +62,9 @@ class Decision:
     scores: dict[str, float] = field(default_factory=dict)  # pod -> predicted TTFT or score
     # Queue-delay part of ``predicted_ttft_s``; calibration subtracts it from observed TTFT.
     predicted_queue_s: float | None = None
+    # Requests running on the pod that the queue delay charged ``decode_s_per_running``
+    # for; calibration fits that per-request cost from them.
+    predicted_running: int = 0
     # The gateway should speculatively record ``block_keys[:speculate_blocks]`` as held
     # in L0 by ``pod`` (until the pod's own events confirm or expire them), so a burst of
     # identical requests sees the blocks before the first one finishes prefill.

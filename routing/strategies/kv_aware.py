@@ -37,7 +37,7 @@ from typing import Any
 from kvindex.lru import BoundedLRU
 from kvindex.types import Bound, PrefixMatch
 from routing.calibration import Calibrator
-from routing.cost_model import CostModel, as_cost_model
+from routing.cost_model import CostModel, as_cost_model, running_requests
 from routing.strategy_registry import register
 from routing.types import (
     Decision,
@@ -149,6 +149,7 @@ class KvAware(Strategy):
             predicted_ttft_s=best.ttft_s,
             scores={e.pod.id: e.score_s for e in estimates},
             predicted_queue_s=cost.queue_delay_s(best.pod),
+            predicted_running=running_requests(best.pod),
             speculate_blocks=match.total_blocks if match is not None else 0,
         )
 
@@ -184,14 +185,20 @@ class KvAware(Strategy):
         return PodEstimate(pod, l0, l1, l2, ttft, evict)
 
     def observe(self, req: RouteRequest, decision: Decision, outcome: Outcome) -> None:
-        """Calibrate the model's prefill parameters from the observed TTFT."""
+        """Calibrate the model's prefill and per-running costs from the observed TTFT."""
         if not self.calibrate or not outcome.ok:
             return
-        self.calibrator(req.model).update(
+        calibrator = self.calibrator(req.model)
+        # The calibrator fits the running requests' share itself: take it out of the
+        # predicted queue (at the current estimate, which refits move only slowly).
+        running = decision.predicted_running
+        running_s = running * calibrator.current().decode_s_per_running
+        calibrator.update(
             outcome.ttft_s,
             outcome.prompt_tokens if outcome.prompt_tokens is not None else req.prompt_tokens,
             outcome.cached_tokens,
-            queue_s=decision.predicted_queue_s or 0.0,
+            queue_s=max(0.0, (decision.predicted_queue_s or 0.0) - running_s),
+            running=running,
             l0_tokens=decision.predicted_l0_tokens,
             l1_tokens=decision.predicted_l1_tokens,
             l2_tokens=decision.predicted_l2_tokens,

@@ -103,3 +103,40 @@ def test_cached_tokens_missing_trusts_the_predicted_split():
         # 400 tokens predicted in L0: only prompt - 400 were prefilled, at 2 ms/token.
         cal.update((prompt - 400) * 0.002, prompt, None, l0_tokens=400)
     assert cal.current().prefill_s_per_token == pytest.approx(0.002)
+
+
+TRUE_S_PER_RUNNING = 0.004  # a CPU engine: each running request adds 4 ms to a prefill
+
+
+def test_the_per_running_request_cost_is_fitted_beside_the_prefill_line():
+    base = CostModel()
+    cal = Calibrator(base)
+    rng = random.Random(11)
+    for _ in range(400):
+        prompt, running = rng.randint(64, 4096), rng.randint(0, 12)
+        prefill = TRUE_OVERHEAD_S + prompt * TRUE_S_PER_TOKEN + running * TRUE_S_PER_RUNNING
+        cal.update(prefill * (1 + rng.uniform(-0.02, 0.02)), prompt, 0, running=running)
+    fitted = cal.current()
+    assert fitted.decode_s_per_running == pytest.approx(TRUE_S_PER_RUNNING, rel=0.1)
+    assert fitted.prefill_s_per_token == pytest.approx(TRUE_S_PER_TOKEN, rel=0.03)
+    assert fitted.prefill_overhead_s == pytest.approx(TRUE_OVERHEAD_S, abs=0.01)
+
+
+def test_the_per_running_cost_stays_the_bases_while_the_running_count_never_varies():
+    cal = Calibrator(CostModel())
+    _observe(cal, random.Random(4), 200)  # running=0 throughout: nothing to fit it from
+    assert cal.current().decode_s_per_running == CostModel().decode_s_per_running
+
+
+def test_the_per_running_cost_is_never_negative_and_clamped_to_max_change():
+    base = CostModel.from_dict({"prefill_tokens_per_s": 1000.0, "decode_s_per_running": 0.001})
+    cal = Calibrator(base, refit_every=1, max_change=4.0)
+    for i in range(40):
+        running = i % 8
+        cal.update(0.5 + 1.0 * running, 500, 0, running=running)  # 1 s per running request
+    assert cal.current().decode_s_per_running == pytest.approx(0.004)  # clamped at 4x
+    cal = Calibrator(base, refit_every=1)
+    for i in range(40):
+        running = i % 8
+        cal.update(1.0 - 0.05 * running, 500, 0, running=running)  # faster when busier
+    assert cal.current().decode_s_per_running == 0.0

@@ -242,3 +242,16 @@ def test_bad_options_fail_at_construction():
         KvAware(eviction_weight=-1)
     with pytest.raises(TypeError):
         KvAware(calibration={"windw": 3})
+
+
+def test_observe_fits_the_cost_of_each_request_running_on_the_pod():
+    kv = KvAware(cost_model=SIMPLE, calibration={"min_samples": 8, "refit_every": 1})
+    for i in range(24):
+        prompt, running = 1000 + 100 * (i % 5), i % 6
+        req = _req(prompt)
+        pod = PodView("a", in_flight=running)
+        d = kv.choose(req, [pod], _match(prompt), 0.0)
+        assert d.predicted_running == running
+        ttft = prompt * 0.001 + running * 0.005  # the pod: 1 ms/token, 5 ms per running
+        kv.observe(req, d, Outcome(ok=True, ttft_s=ttft, prompt_tokens=prompt))
+    assert kv.cost_model("m").decode_s_per_running == pytest.approx(0.005, rel=0.05)
