@@ -8,13 +8,22 @@ requests, and the first routing decisions are made with whatever was configured.
 measures the pod directly, as an operator would before configuring a fleet: cold
 prompts of several lengths, one at a time, each a few times (new text every time, so
 nothing is cached), the median TTFT per length, and a least-squares line through them.
+
+Then what each running request adds to a new request's TTFT (``decode_s_per_running``):
+the same cold prompt while 0, 2 and 4 other requests stream long answers on the pod.
+On a GPU that is a fraction of a millisecond; on a CPU engine the decode steps and
+the API server's streaming share the cores with the prefill, and it is the larger term
+under load. Online calibration refines both from live traffic.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import httpx
@@ -23,6 +32,7 @@ from bench.prompts import text_of_tokens
 from bench.tinymodel import MODEL_NAME, ensure_tokenizer
 
 LENGTHS = (128, 512, 1024, 2048)
+RUNNING = (0, 2, 4)  # requests decoding on the pod while a cold prompt is measured
 
 
 @dataclass(frozen=True)
@@ -30,14 +40,20 @@ class PrefillFit:
     overhead_s: float
     tokens_per_s: float
     points: tuple[tuple[int, float], ...]  # (prompt tokens, median TTFT s)
+    # Extra TTFT per request running on the pod, None if not measured.
+    s_per_running: float | None = None
+    running_points: tuple[tuple[int, float], ...] = ()  # (running, median TTFT s)
 
     def cost_model(self, block_size: int) -> dict[str, float]:
         """kv-aware's ``cost_model`` options for this fit."""
-        return {
+        model = {
             "prefill_overhead_s": round(self.overhead_s, 5),
             "prefill_tokens_per_s": round(self.tokens_per_s),
             "block_size": block_size,
         }
+        if self.s_per_running is not None:
+            model["decode_s_per_running"] = round(self.s_per_running, 5)
+        return model
 
 
 def _ttft(client: httpx.Client, url: str, model: str, text: str) -> float:
@@ -86,3 +102,70 @@ def measure_prefill(
     slope, intercept = statistics.linear_regression(xs, ys)
     slope = max(slope, 1e-7)
     return PrefillFit(max(0.0, intercept), 1.0 / slope, tuple(points))
+
+
+def measure_running(
+    url: str,
+    model: str = MODEL_NAME,
+    counts: tuple[int, ...] = RUNNING,
+    repeats: int = 3,
+    prompt_tokens: int = 512,
+) -> tuple[float, tuple[tuple[int, float], ...]]:
+    """Median cold TTFT of a ``prompt_tokens`` prompt while ``k`` other requests stream
+    on the pod, per ``k`` in ``counts``, and the slope of the line through them (s per
+    running request, at least 0)."""
+    tokenizer = ensure_tokenizer()
+    points: list[tuple[int, float]] = []
+    with httpx.Client(timeout=120) as client:
+        for k in counts:
+            texts = [text_of_tokens(prompt_tokens, uuid.uuid4().hex, tokenizer)
+                     for _ in range(repeats)]  # fmt: skip
+            with _streaming(url, model, k):
+                runs = [_ttft(client, url, model, text) for text in texts]
+            points.append((k, statistics.median(runs)))
+    slope, _ = statistics.linear_regression([k for k, _ in points], [t for _, t in points])
+    return max(0.0, slope), tuple(points)
+
+
+def measure_pod(url: str, model: str = MODEL_NAME) -> PrefillFit:
+    """The prefill line and the per-running-request cost: kv-aware's cost model."""
+    fit = measure_prefill(url, model)
+    s_per_running, running_points = measure_running(url, model)
+    return PrefillFit(fit.overhead_s, fit.tokens_per_s, fit.points, s_per_running,
+                      running_points)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _streaming(url: str, model: str, count: int) -> Iterator[None]:
+    """``count`` requests decoding long answers on the pod for the duration of the
+    block: entered once each has streamed its first token, left after closing them
+    (which makes the pod abort them)."""
+    stop = threading.Event()
+    started = threading.Barrier(count + 1, timeout=120)
+    body = {"model": model, "messages": [{"role": "user", "content": "Tell a long story."}],
+            "max_tokens": 4096, "ignore_eos": True, "stream": True}  # fmt: skip
+
+    def decode() -> None:
+        with (
+            httpx.Client(timeout=120) as client,
+            client.stream("POST", f"{url}/v1/chat/completions", json=body) as r,
+        ):
+            first = True
+            for _ in r.iter_raw():
+                if first:
+                    first = False
+                    started.wait()
+                if stop.is_set():
+                    return
+
+    threads = [threading.Thread(target=decode, daemon=True) for _ in range(count)]
+    for t in threads:
+        t.start()
+    try:
+        if count:
+            started.wait()
+        yield
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)

@@ -109,8 +109,9 @@ def _add_real(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser(
         "calibrate",
         help="measure a pod's prefill cost and print kv-aware's cost_model for it",
-        description="Cold prompts of several lengths, one at a time, against an idle pod; "
-        "prints the fitted overhead and tokens/s as kv-aware options.",
+        description="Cold prompts of several lengths, one at a time, against an idle pod, "
+        "then a cold prompt while 0, 2 and 4 other requests stream; prints the fitted "
+        "overhead, tokens/s and cost per running request as kv-aware options.",
     )
     c.add_argument("--pod", required=True, help="the pod's base URL")
     c.add_argument("--model", default=None, help="served model name (default: the tiny model)")
@@ -149,12 +150,14 @@ def real_doc_section(command: str, out: Path, doc: Path) -> str:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from bench.calibrate import measure_prefill
+    from bench.calibrate import measure_pod
     from bench.tinymodel import MODEL_NAME
 
-    fit = measure_prefill(args.pod, args.model or MODEL_NAME)
+    fit = measure_pod(args.pod, args.model or MODEL_NAME)
     for n, ttft in fit.points:
         print(f"{n:6d} tokens: {ttft * 1000:8.1f} ms")
+    for k, ttft in fit.running_points:
+        print(f"{k:6d} running: {ttft * 1000:8.1f} ms")
     print(json.dumps({"kv-aware": {"cost_model": fit.cost_model(args.block_size)}}))
     return 0
 

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -184,6 +185,13 @@ def _gateway_env(plan: FleetPlan, redis_url: str | None) -> dict[str, str]:
     return env
 
 
+def _kv_aware_options(env: dict[str, str]) -> dict[str, Any] | None:
+    """The kv-aware options a gateway started with ``env`` gets (``env`` first, then
+    this process's environment, as ``run_gateway`` merges them)."""
+    raw = env.get("KVGATE_STRATEGY_OPTIONS") or os.environ.get("KVGATE_STRATEGY_OPTIONS")
+    return json.loads(raw).get("kv-aware") if raw else None
+
+
 @dataclass
 class Routers:
     """The URLs requests are spread over (one unless kvgate is scaled out), their
@@ -217,7 +225,7 @@ def _router(plan: FleetPlan, router: str, pods: list[PodEndpoint]) -> Iterator[R
         strategy, variant = split_variant(router)
         env = _gateway_env(plan, redis_url)
         if variant.name:
-            env |= variant.gateway_env()
+            env |= variant.gateway_env(_kv_aware_options(env))
         gateways = [
             stack.enter_context(
                 run_gateway(named, strategy=strategy, env=env, workers=plan.workers)

@@ -34,7 +34,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from bench.calibrate import PrefillFit, measure_prefill
+from bench.calibrate import PrefillFit, measure_pod
 from bench.fleet import Cell, FleetPlan, Load, is_peer, run_cell_retrying
 from bench.podstats import parse_metrics
 from bench.stats import pct
@@ -204,10 +204,11 @@ def run_real(plan: RealPlan, out: Path, console: Console | None = None) -> list[
     with real_pods(plan.pods, out / "vllm-logs", plan.pin_cores) as pods:
         urls = [p.url for p in pods]
         specs = [f"{p.url},events={p.events_endpoint},replay={p.replay_endpoint}" for p in pods]
-        fit = measure_prefill(urls[0])
+        fit = measure_pod(urls[0])
         console.print(
             f"pod prefill: {fit.overhead_s * 1000:.1f} ms + "
-            f"{1e6 / fit.tokens_per_s:.1f} µs/token ({fit.tokens_per_s:,.0f} tokens/s)"
+            f"{1e6 / fit.tokens_per_s:.1f} µs/token ({fit.tokens_per_s:,.0f} tokens/s), "
+            f"+{(fit.s_per_running or 0) * 1000:.1f} ms per running request"
         )
         kv_options = plan.kv_options or {"cost_model": fit.cost_model(BLOCK_SIZE)}
         with _environment(
@@ -450,9 +451,10 @@ def write_report(
         f"cell starts its router anew, resets the pods' prefix caches and sends prompts of "
         f"its own; `kv-aware/no-speculation` is kv-aware with `index.speculative_ttl_s: 0`, "
         f"`kv-aware/default-cost-model` kv-aware with the shipped cost model (not the "
-        f"pods'). "
-        f"Pod prefill measured at start: {fit.overhead_s * 1000:.1f} ms + "
-        f"{1e6 / fit.tokens_per_s:.1f} µs/token; kv-aware configured with "
+        f"pods'), `kv-aware/no-eviction-cost` kv-aware ranking by predicted TTFT alone. "
+        f"Pod measured at start: prefill {fit.overhead_s * 1000:.1f} ms + "
+        f"{1e6 / fit.tokens_per_s:.1f} µs/token, "
+        f"+{(fit.s_per_running or 0) * 1000:.1f} ms per running request; kv-aware configured with "
         f"`{json.dumps(kv_options)}`.",
         "",
         "| workload | load | router | seeds | TTFT p90 median ms | p90 worst ms | p50 median ms "

@@ -17,12 +17,24 @@ class Variant:
     # kv-aware's options instead of the benchmark's (its measured or simulated cost
     # model); None: the benchmark's.
     kv_options: dict[str, Any] | None = field(default=None, hash=False)
+    # kv-aware options laid over the benchmark's (or ``kv_options``): one option changed,
+    # the measured or simulated cost model kept.
+    kv_overrides: dict[str, Any] = field(default_factory=dict, hash=False)
 
-    def gateway_env(self) -> dict[str, str]:
-        """The variant as ``kvgate serve`` environment settings."""
+    def kv_aware_options(self, base: dict[str, Any] | None) -> dict[str, Any] | None:
+        """kv-aware's options under this variant, given the benchmark's ``base``."""
+        options = self.kv_options if self.kv_options is not None else base
+        if not self.kv_overrides:
+            return options
+        return {**(options or {}), **self.kv_overrides}
+
+    def gateway_env(self, base_kv_options: dict[str, Any] | None = None) -> dict[str, str]:
+        """The variant as ``kvgate serve`` environment settings; ``base_kv_options``:
+        the benchmark's kv-aware options, which ``kv_overrides`` are laid over."""
         env = {"KVGATE_INDEX__SPECULATIVE_TTL_S": str(self.speculative_ttl_s)}
-        if self.kv_options is not None:
-            env["KVGATE_STRATEGY_OPTIONS"] = json.dumps({"kv-aware": self.kv_options})
+        if self.kv_options is not None or self.kv_overrides:
+            options = self.kv_aware_options(base_kv_options)
+            env["KVGATE_STRATEGY_OPTIONS"] = json.dumps({"kv-aware": options})
         return env
 
 
@@ -36,6 +48,9 @@ VARIANTS = {
     # prefill) with online calibration, what a user gets who skips `kvgate bench
     # calibrate`.
     "default-cost-model": Variant("default-cost-model", kv_options={}),
+    # No eviction cost: rank pods by predicted TTFT alone, so a shared prefix spills to
+    # a second pod as soon as that pod's cold prefill beats the holder's queue.
+    "no-eviction-cost": Variant("no-eviction-cost", kv_overrides={"eviction_weight": 0.0}),
 }
 
 

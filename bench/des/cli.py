@@ -121,6 +121,8 @@ def _run(
     base, variant = split_variant(strategy)
     if variant.kv_options is not None:
         options = {**variant.kv_options, "cost_model": CostModel().to_dict()}
+    if canonical_name(base) == "kv-aware":
+        options = variant.kv_aware_options(options)
     results = run_des(
         requests,
         pods,

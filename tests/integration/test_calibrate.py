@@ -21,3 +21,26 @@ def test_the_fit_recovers_the_pods_overhead_and_per_token_cost(pod):
     assert [n for n, _ in fit.points][0] > 128  # the pod's count: the chat template's tokens too
     assert 1e6 / fit.tokens_per_s == pytest.approx(100, rel=0.25)  # µs per token
     assert fit.overhead_s == pytest.approx(0.02, abs=0.015)
+
+
+def test_requests_stream_on_the_pod_while_the_running_cost_is_measured(pod):
+    import httpx
+
+    from bench.calibrate import _streaming
+    from bench.podstats import parse_metrics
+    from bench.tinymodel import MODEL_NAME
+
+    with _streaming(pod.url, MODEL_NAME, 2):
+        metrics = parse_metrics(httpx.get(f"{pod.url}/metrics").text)
+        assert metrics["vllm:num_requests_running"] == 2
+
+
+def test_a_pod_whose_prefill_ignores_running_requests_measures_no_running_cost(pod):
+    from bench.calibrate import measure_running
+
+    # The simulated pod prefills in its own lane: decoding requests do not slow it.
+    per_running, points = measure_running(pod.url, counts=(0, 2, 4), repeats=1)
+    assert [k for k, _ in points] == [0, 2, 4]
+    assert per_running < 0.005  # against 20 ms + 51 ms of prefill per point
+    fit = measure_prefill(pod.url, lengths=(128, 512), repeats=1)
+    assert "decode_s_per_running" not in fit.cost_model(16)  # only when measured

@@ -37,3 +37,15 @@ def test_default_cost_model_gives_kv_aware_no_options_so_the_shipped_cost_model(
     env = variant.gateway_env()
     assert json.loads(env["KVGATE_STRATEGY_OPTIONS"]) == {"kv-aware": {}}
     assert env["KVGATE_INDEX__SPECULATIVE_TTL_S"] == "3.0"  # the rest as default
+
+
+def test_no_eviction_cost_keeps_the_benchmarks_cost_model_and_zeroes_the_weight():
+    import json
+
+    _, variant = split_variant("kv-aware/no-eviction-cost")
+    measured = {"cost_model": {"prefill_tokens_per_s": 41_431.0}, "eviction_weight": 1.0}
+    env = variant.gateway_env(measured)
+    assert json.loads(env["KVGATE_STRATEGY_OPTIONS"]) == {
+        "kv-aware": {"cost_model": {"prefill_tokens_per_s": 41_431.0}, "eviction_weight": 0.0}
+    }
+    assert variant.kv_aware_options(None) == {"eviction_weight": 0.0}
