@@ -57,6 +57,7 @@ class TokenizationStats:
     offloaded: int = 0
     encoded_chars: int = 0  # local: characters sent to the tokenizer
     reused_tokens: int = 0  # local: token ids taken from cached segments
+    prefix_tokens: int = 0  # of those, from known prefixes (a conversation's earlier turns)
 
 
 class TokenCache:
@@ -199,6 +200,7 @@ class Tokenization:
         """Only the segments no earlier prompt had are encoded, off the loop when long."""
         plan = inc.plan(text, add_special_tokens)
         self.stats.reused_tokens += plan.reused_tokens
+        self.stats.prefix_tokens += plan.prefix_tokens
         if not plan.missing:
             self.stats.hits += 1
             return inc.finish(plan, [])

@@ -10,13 +10,21 @@ leave the event loop while the cache is only touched on it:
 1. ``plan`` (event loop): cut the text, hash the segments, look them up;
 2. ``encode`` (any thread; the Rust tokenizer drops the GIL): the missing segments;
 3. ``finish`` (event loop): cache them, concatenate everything.
+
+A prompt that extends an earlier one (a conversation's next turn) would still be cut,
+hashed and assembled whole, which grows with every turn. So ``finish`` also keeps the
+ids of the text up to its last added token (a chat template's last role marker),
+under the hash of that text, and ``plan`` looks for the longest such prefix among the
+last ``MAX_PREFIX_PROBES`` added-token ends of a new text: found, only the text after
+it is cut and looked up. ``Segmenter.added_ends`` says why the segments before such a
+point, in both texts, are the same; the entries share the segment cache's bound.
 """
 
 from __future__ import annotations
 
 import logging
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -30,6 +38,15 @@ from kvindex.tokenization.segments import (
 )
 
 log = logging.getLogger("kvgate.tokenization")
+
+# Added-token ends of a new text tried, latest first, as the end of a known prefix: a
+# conversation's new turns (an answer and a question) bring a few role markers each.
+MAX_PREFIX_PROBES = 8
+_PREFIX_TAG = b"prefix\0"
+
+
+def _prefix_key(text: str, end: int) -> bytes:
+    return xxhash.xxh3_128_digest(_PREFIX_TAG + text[:end].encode("utf-8", "surrogatepass"))
 
 
 class SegmentCache(Protocol):
@@ -49,6 +66,11 @@ class Plan:
     head_first: bool = False  # missing[0] starts the text (Segmenter.encode)
     around: tuple[Sequence[int], Sequence[int]] = ((), ())  # add_special_tokens' ids
     reused_tokens: int = 0
+    prefix_tokens: int = 0  # of ``reused_tokens``, from a known prefix (one part)
+    # Where to keep this text's prefix up to its last added token: the cache key and
+    # how many leading ``parts`` cover it (None: nothing new to keep).
+    prefix_key: bytes | None = None
+    prefix_parts: int = 0
 
     @property
     def missing_chars(self) -> int:
@@ -89,9 +111,11 @@ class IncrementalEncoder:
             assert self.segmenter.around is not None
             plan.around = self.segmenter.around
         get = self.cache.get_array
-        for seg in self.segmenter.segments(text):
+        start = self._known_prefix(text, plan) if self.segmenter.prefix_safe else 0
+        for seg in self.segmenter.segments(text, start):
             if seg.text is None:
                 plan.parts.append(seg.token)
+                plan.prefix_parts = len(plan.parts)
                 continue
             tag = b"seg-head\0" if seg.head else b"seg\0"
             key = xxhash.xxh3_128_digest(tag + seg.text.encode("utf-8", "surrogatepass"))
@@ -106,6 +130,25 @@ class IncrementalEncoder:
             plan.parts.append(ids)
         return plan
 
+    def _known_prefix(self, text: str, plan: Plan) -> int:
+        """Where the longest cached prefix of ``text`` ending at an added token ends (0:
+        none); its ids become the plan's first part."""
+        ends = self.segmenter.added_ends(text)
+        if not ends:
+            return 0
+        plan.prefix_key = _prefix_key(text, ends[-1])
+        for end in reversed(ends[-MAX_PREFIX_PROBES:]):
+            key = plan.prefix_key if end == ends[-1] else _prefix_key(text, end)
+            ids = self.cache.get_array(key)
+            if ids is not None:
+                if end == ends[-1]:
+                    plan.prefix_key = None  # kept already
+                plan.parts.append(ids)
+                plan.prefix_tokens = len(ids)
+                plan.reused_tokens += len(ids)
+                return end
+        return 0
+
     def encode(self, plan: Plan) -> list[list[int]]:
         """Ids of the plan's missing segments (CPU work, safe in a worker thread)."""
         return self.segmenter.encode(plan.missing, plan.head_first)
@@ -113,10 +156,27 @@ class IncrementalEncoder:
     def finish(self, plan: Plan, encoded: Sequence[Sequence[int]]) -> list[int]:
         """Cache what ``encode`` returned for ``plan`` and give the text's ids."""
         fresh = iter(encoded)
-        put = self.cache.put_array
         keys = iter(plan.keys)
         out = array("I", plan.around[0])
-        for part in plan.parts:
+        if plan.prefix_key is None:
+            self._assemble(plan.parts, fresh, keys, out)
+        else:
+            self._assemble(plan.parts[: plan.prefix_parts], fresh, keys, out)
+            self.cache.put_array(plan.prefix_key, out[len(plan.around[0]) :])
+            self._assemble(plan.parts[plan.prefix_parts :], fresh, keys, out)
+        out.extend(plan.around[1])
+        return out.tolist()
+
+    def _assemble(
+        self,
+        parts: Sequence[array[int] | int | None],
+        fresh: Iterator[Sequence[int]],
+        keys: Iterator[bytes],
+        out: array[int],
+    ) -> None:
+        """Append ``parts``' ids to ``out``, caching each fresh segment's."""
+        put = self.cache.put_array
+        for part in parts:
             if part is None:
                 part = array("I", next(fresh))
                 put(next(keys), part)
@@ -125,5 +185,3 @@ class IncrementalEncoder:
                 out.append(part)
             else:
                 out.extend(part)
-        out.extend(plan.around[1])
-        return out.tolist()

@@ -120,6 +120,9 @@ class Segmenter:
         self.around = around  # ids add_special_tokens puts before and after; None: unknown
         self.chunk_chars = chunk_chars
         self.head_matters = elsewhere is not tokenizer
+        # Texts can be cut from the end of an added token on (``segments(text, start)``
+        # with ``start`` from ``added_ends``): only where there are added tokens.
+        self.prefix_safe = bool(added)
 
     @classmethod
     def for_tokenizer(
@@ -156,13 +159,15 @@ class Segmenter:
         seg._check(reference, added)
         return seg
 
-    def segments(self, text: str) -> list[Segment]:
-        """``text`` as added tokens and pieces (long pieces cut at seams), in order."""
+    def segments(self, text: str, start: int = 0) -> list[Segment]:
+        """``text`` as added tokens and pieces (long pieces cut at seams), in order;
+        from ``start`` on, which must be 0 or an end of ``added_ends`` (when
+        ``prefix_safe``): the segments of the text from there, the same as those
+        of the whole text after that point."""
         out: list[Segment] = []
-        start = 0
         if self._added_re is not None:
             added = self._added
-            for m in self._added_re.finditer(text):
+            for m in self._added_re.finditer(text, start):
                 if m.start() > start:
                     self._pieces(text[start : m.start()], start == 0, out)
                 out.append(Segment(None, added[m.group()]))
@@ -170,6 +175,17 @@ class Segmenter:
         if start < len(text):
             self._pieces(text[start:], start == 0, out)
         return out
+
+    def added_ends(self, text: str) -> list[int]:
+        """Where each added token of ``text`` ends. If two texts share their characters
+        up to ``p`` and ``p`` is in both texts' ``added_ends``, their segments before
+        ``p`` are the same: added tokens are matched leftmost-longest from the start,
+        so the matches of both texts agree until one of them takes a token that runs
+        past ``p`` (a longer token, ``<a>`` against ``<a>b``), after which that text
+        has no match ending at ``p``; and no piece spans an added token."""
+        if self._added_re is None:
+            return []
+        return [m.end() for m in self._added_re.finditer(text)]
 
     def _pieces(self, piece: str, head: bool, out: list[Segment]) -> None:
         head = head and self.head_matters

@@ -52,6 +52,27 @@ async def test_a_conversation_grown_turn_by_turn_encodes_only_the_new_turns(
         history += [{"role": "assistant", "content": f"Answer {turn}."}]
 
 
+async def test_a_conversations_next_turn_is_cut_and_looked_up_only_after_its_known_prefix(
+    local: LocalTokenizer,
+) -> None:
+    encoder = Tokenization("tiny", "local", local).incremental
+    assert encoder is not None
+    history = [{"role": "system", "content": "You are terse. " * 300}]
+    parts = []
+    for turn in range(6):
+        history += [{"role": "user", "content": f"Question {turn}: how do caches work?"}]
+        text = local.render_chat(ChatPrompt(history))
+        plan = encoder.plan(text, False)
+
+        assert encoder.finish(plan, encoder.encode(plan)) == _whole(local, history)
+
+        if turn:  # the ids up to the last turn's role marker come as one part
+            assert 0 < plan.prefix_tokens <= plan.reused_tokens
+            parts.append(len(plan.parts))
+        history += [{"role": "assistant", "content": f"Answer {turn}."}]
+    assert len(set(parts)) == 1  # as many parts each turn, however long the history
+
+
 async def test_a_document_under_different_questions_is_encoded_once(
     local: LocalTokenizer, doc: str
 ) -> None:

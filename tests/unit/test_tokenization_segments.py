@@ -30,7 +30,8 @@ from tokenizers import (
 from tokenizers import pre_tokenizers as pre
 
 from bench.tinymodel import ensure_tokenizer
-from kvindex.tokenization import LocalTokenizer
+from kvindex.tokenization import LocalTokenizer, TokenCache
+from kvindex.tokenization.incremental import IncrementalEncoder
 from kvindex.tokenization.segments import NotSegmentable, Segmenter
 
 LLAMA3 = (
@@ -146,6 +147,19 @@ def normalized_added_token() -> Tokenizer:
     return tok
 
 
+def nested_added_tokens() -> Tokenizer:
+    """Added tokens inside others: what follows a text's ``<|im_end|>`` can make it
+    part of a longer added token."""
+    tok = gpt2_chatml()
+    tok.add_tokens(
+        [
+            AddedToken("<|im_end|>\n", normalized=False),
+            AddedToken("x<|im_start|>y", normalized=False),
+        ]
+    )
+    return tok
+
+
 def tiny_model() -> Tokenizer:
     return LocalTokenizer(ensure_tokenizer()).backend
 
@@ -161,8 +175,17 @@ SHAPES: dict[str, Callable[[], Tokenizer]] = {
     "llama2-legacy": llama2_legacy,
     "bert": bert,
     "normalized-added-token": normalized_added_token,
+    "nested-added-tokens": nested_added_tokens,
 }
-SEAMED = {"tiny-model", "gpt2-chatml", "gpt2-prefix-space", "llama3", "qwen2", "qwen3.5"}
+SEAMED = {
+    "tiny-model",
+    "gpt2-chatml",
+    "nested-added-tokens",
+    "gpt2-prefix-space",
+    "llama3",
+    "qwen2",
+    "qwen3.5",
+}
 _BUILT: dict[str, Tokenizer] = {}
 
 FRAGMENTS = [
@@ -195,6 +218,42 @@ def test_segmented_ids_equal_the_whole_texts_ids(shape: str, data: st.DataObject
 
     assert seg.encode_whole(text, False) == tok.encode(text, add_special_tokens=False).ids
     assert seg.encode_whole(text, True) == tok.encode(text, add_special_tokens=True).ids
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_texts_that_extend_earlier_texts_prefixes_get_their_whole_ids(
+    shape: str, data: st.DataObject
+) -> None:
+    """Through the cache of known prefixes: each text keeps some of the one before
+    (often all of it, as a conversation's next turn does) and adds more."""
+    tok = _shape(shape)
+    seg = Segmenter.for_tokenizer(tok, chunk_chars=3)
+    encoder = IncrementalEncoder(seg, TokenCache())
+    text = ""
+    for _ in range(4):
+        # all of it, up to the end of one of its added tokens, or anywhere
+        ends = st.sampled_from(seg.added_ends(text) or [0])
+        keep = data.draw(st.just(len(text)) | ends | st.integers(0, len(text)))
+        text = text[:keep] + data.draw(_texts(tok))
+        for special in (False, True):
+            plan = encoder.plan(text, special)
+
+            ids = encoder.finish(plan, encoder.encode(plan))
+
+            assert ids == tok.encode(text, add_special_tokens=special).ids
+
+
+def test_a_known_prefix_whose_last_added_token_grows_into_a_longer_one_is_not_used() -> None:
+    tok = nested_added_tokens()
+    encoder = IncrementalEncoder(Segmenter.for_tokenizer(tok), TokenCache())
+    for text in ("hi<|im_end|>there", "hi<|im_end|>\nthere"):  # then "<|im_end|>\n"
+        plan = encoder.plan(text, False)
+        ids = encoder.finish(plan, encoder.encode(plan))
+
+        assert ids == tok.encode(text, add_special_tokens=False).ids
+        assert plan.prefix_tokens == 0
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))

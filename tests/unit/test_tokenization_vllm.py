@@ -184,4 +184,5 @@ async def test_ids_from_cached_segments_equal_vllm_renderer_ids():
     stats = toks[None].stats
     total_chars = sum(len(json.dumps(c)) for c in cases)
     assert stats.reused_tokens > 3 * 1500  # the document's chunks, under every question
+    assert stats.prefix_tokens > 0  # a conversation's next turn, after its known prefix
     assert stats.encoded_chars < total_chars / 2
