@@ -111,7 +111,7 @@ class IncrementalEncoder:
             assert self.segmenter.around is not None
             plan.around = self.segmenter.around
         get = self.cache.get_array
-        start = self._known_prefix(text, plan) if self.segmenter.prefix_safe else 0
+        start = self._known_prefix(text, plan)
         for seg in self.segmenter.segments(text, start):
             if seg.text is None:
                 plan.parts.append(seg.token)

@@ -120,9 +120,6 @@ class Segmenter:
         self.around = around  # ids add_special_tokens puts before and after; None: unknown
         self.chunk_chars = chunk_chars
         self.head_matters = elsewhere is not tokenizer
-        # Texts can be cut from the end of an added token on (``segments(text, start)``
-        # with ``start`` from ``added_ends``): only where there are added tokens.
-        self.prefix_safe = bool(added)
 
     @classmethod
     def for_tokenizer(
@@ -161,9 +158,8 @@ class Segmenter:
 
     def segments(self, text: str, start: int = 0) -> list[Segment]:
         """``text`` as added tokens and pieces (long pieces cut at seams), in order;
-        from ``start`` on, which must be 0 or an end of ``added_ends`` (when
-        ``prefix_safe``): the segments of the text from there, the same as those
-        of the whole text after that point."""
+        from ``start`` on, which must be 0 or one of ``added_ends``: the segments of
+        the text from there, the same as those of the whole text after that point."""
         out: list[Segment] = []
         if self._added_re is not None:
             added = self._added
