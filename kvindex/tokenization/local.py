@@ -10,6 +10,11 @@ the request says otherwise (``CompletionRequest.add_special_tokens``). We render
 (``tokenize=False``) and encode in two steps, which gives the same ids and lets the
 cache key on the rendered text.
 
+Rendering goes straight to the template transformers compiles (``_render_direct``)
+when ``apply_chat_template``'s preparation of the messages could not change them:
+its cost (copying every message twice into plain data) was half of a long
+conversation's rendering. Anything else takes ``apply_chat_template`` itself.
+
 Before rendering, messages become the conversation vLLM builds for text-only chat
 (``kvindex.tokenization.conversation``: content format, kept keys, tool-call
 arguments, developer turns) and tools the dicts vLLM dumps; the template kwargs are
@@ -23,6 +28,7 @@ and are probed here as vLLM probes them, once per tokenizer (``AnthropicFacts``)
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -43,6 +49,31 @@ _RESERVED_KWARGS = frozenset({"tokenize", "chat_template", "conversation", "mess
 _CONTENT_LOOP = re.compile(r"for\s+\w+\s+in\s+[\w\.\[\]'\"]*content")
 # vLLM's candidates when it probes what thinking.type=disabled should map to.
 _EFFORTS = ("low", "medium", "high", "xhigh", "max")
+# Names transformers copies a message's reasoning under before rendering (5.x).
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _template_compiler() -> Callable[[str], Any] | None:
+    """transformers' own (cached) compiler of chat templates: the sandboxed Jinja
+    environment with its filters and globals. None where this transformers lacks it."""
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:  # pragma: no cover - present since transformers 4.43
+        return None
+    return _compile_jinja_template
+
+
+def _plain_conversation(conversation: list[dict[str, Any]]) -> bool:
+    """Whether ``apply_chat_template`` would hand the template these very messages:
+    it drops keys whose value is None, copies reasoning under its other names and
+    rebuilds everything as plain data (a conversation built from decoded JSON
+    already is)."""
+    if not conversation:
+        return False  # transformers refuses an empty conversation
+    for message in conversation:
+        if None in message.values() or any(k in message for k in _REASONING_FIELDS):
+            return False
+    return True
 
 
 class LocalTokenizer:
@@ -54,6 +85,7 @@ class LocalTokenizer:
         self.path = str(path)
         self._tok = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
         self._override = chat_template  # like vLLM's --chat-template; None: the tokenizer's
+        self._compile = _template_compiler()
 
     @property
     def backend(self) -> Any:
@@ -84,14 +116,48 @@ class LocalTokenizer:
             knows_developer=knows_developer_role(template),
         )
         try:
-            rendered = self._tok.apply_chat_template(
-                conversation, tools=tools, chat_template=template, tokenize=False, **kwargs
-            )
+            rendered = self._render_direct(conversation, tools, template, kwargs)
+            if rendered is None:
+                rendered = self._tok.apply_chat_template(
+                    conversation, tools=tools, chat_template=template, tokenize=False, **kwargs
+                )
         except Exception as exc:  # template errors are the request's problem, not ours
             raise UnsupportedPrompt(f"chat template failed: {type(exc).__name__}") from None
         if not isinstance(rendered, str):
             raise UnsupportedPrompt("chat template did not render to text")
         return rendered
+
+    def _render_direct(
+        self,
+        conversation: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        template: str,
+        kwargs: dict[str, Any],
+    ) -> str | None:
+        """The template rendered as ``apply_chat_template(tokenize=False)`` renders it,
+        without its preparation of the messages; None where that preparation could
+        change what the template sees (see ``_plain_conversation``), where the final
+        message is continued (transformers trims the text after it) or where
+        documents are given (transformers checks them)."""
+        if self._compile is None or not _plain_conversation(conversation):
+            return None
+        kwargs = dict(kwargs)
+        add_generation_prompt = kwargs.pop("add_generation_prompt", False)
+        if kwargs.pop("continue_final_message", False) or "documents" in kwargs:
+            return None
+        variables = {**self._special_tokens, **kwargs}  # as transformers merges them
+        return self._compile(template).render(
+            messages=conversation,
+            tools=tools,
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
+            **variables,
+        )
+
+    @cached_property
+    def _special_tokens(self) -> dict[str, Any]:
+        """The special tokens every template sees (``bos_token``, ``eos_token`` ...)."""
+        return dict(self._tok.special_tokens_map)
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         """Token ids of ``text`` (CPU-bound: ~0.6 µs per character on a 2-core VM)."""
