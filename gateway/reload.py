@@ -32,6 +32,7 @@ import pydantic
 import yaml
 from prometheus_client import CollectorRegistry, Counter
 
+from gateway import heap
 from gateway.config import Settings, SettingsSource
 from gateway.settings_diff import changed_paths, needs_restart, runtime_settings
 from routing.strategy_set import StrategySet
@@ -143,6 +144,7 @@ class Reloader:
                     log.exception("config reload (%s) failed while applying %s", trigger,
                                   ", ".join(changed))  # fmt: skip
                     raise
+                heap.settle()  # collect what the reload replaced, freeze what it built
             self._metrics.reloads.labels("applied").inc()
             log.info("config reloaded (%s): %s", trigger,
                      "changed " + ", ".join(changed) if changed else "nothing changed")  # fmt: skip

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client import CollectorRegistry
 
+from gateway import heap
 from gateway.admission import Admission, AdmissionMetrics
 from gateway.config import PodConfig, Settings, SettingsSource
 from gateway.discovery import DiscoveryMetrics, PodDiscovery, RegistrySink
@@ -195,6 +196,7 @@ async def running_gateway(
             await gw.reloader.start()
         loop_lag = LoopLagMonitor(prometheus)
         loop_lag.start()
+        heap.settle()  # what start-up built lives as long as the gateway
         try:
             yield gw
         finally:
