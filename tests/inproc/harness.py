@@ -143,6 +143,7 @@ class StreamingCall:
         self._body = body.encode()
         self._asked = False
         self._left = asyncio.Event()
+        self._answered = asyncio.Event()  # the response is complete
         scope = {
             "type": "http",
             "asgi": {"version": "3.0"},  # spec < 2.4: Starlette listens for http.disconnect
@@ -184,7 +185,13 @@ class StreamingCall:
         if not self._asked:
             self._asked = True
             return {"type": "http.request", "body": self._body, "more_body": False}
-        await self._left.wait()
+        # As uvicorn: a receive pending when the response completes ends then too.
+        left, answered = (asyncio.ensure_future(e.wait()) for e in (self._left, self._answered))
+        try:
+            await asyncio.wait((left, answered), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            left.cancel()
+            answered.cancel()
         return {"type": "http.disconnect"}
 
     async def _send(self, message: dict[str, Any]) -> None:
@@ -195,3 +202,5 @@ class StreamingCall:
             if message.get("body"):
                 self.chunks.append(message["body"])
             self.complete = not message.get("more_body", False)
+            if self.complete:
+                self._answered.set()
