@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import httpx
 
@@ -101,7 +101,7 @@ class PromptTokens:
 
     async def token_ids(
         self, parsed: ParsedRequest, model: str, pods: list[Pod]
-    ) -> list[int] | None:
+    ) -> Sequence[int] | None:
         """The prompt's token ids (None: not a prompt routed by cache), asking the next
         pod's ``/tokenize`` when one fails or times out (each call is bounded by
         ``timeouts.tokenize_s``): one pod whose tokenizer hangs must not hang the
@@ -137,7 +137,7 @@ class PromptTokens:
 
     async def _tokens(
         self, parsed: ParsedRequest, model: str, engine: EngineTokenizer | None
-    ) -> list[int] | None:
+    ) -> Sequence[int] | None:
         tok = self.tokenization(model)
         body = parsed.body
         if parsed.kind == "chat":

@@ -51,7 +51,10 @@ def root_key(model: str, lora_name: str | None = None, cache_salt: str | None = 
 
 def pack_tokens(token_ids: Sequence[int]) -> bytes:
     """Token ids as a little-endian uint32 array (raises OverflowError/TypeError on bad ids)."""
-    packed = array("I", token_ids)
+    if isinstance(token_ids, array) and token_ids.typecode == "I":
+        packed = token_ids  # already packed (tokenization's assembled ids)
+    else:
+        packed = array("I", token_ids)
     if sys.byteorder != "little":  # pragma: no cover - all supported hosts are little-endian
         packed.byteswap()
     return packed.tobytes()

@@ -131,8 +131,11 @@ class Tokenization:
             else None
         )
 
-    async def chat(self, prompt: ChatPrompt, *, engine: EngineTokenizer | None = None) -> list[int]:
-        """Ids of a chat request as the engine will see them."""
+    async def chat(
+        self, prompt: ChatPrompt, *, engine: EngineTokenizer | None = None
+    ) -> Sequence[int]:
+        """Ids of a chat request as the engine will see them (a list, or an
+        ``array("I")`` when assembled from cached segments)."""
         if self.local is not None:
             try:
                 return await self._local_chat(prompt)
@@ -147,7 +150,7 @@ class Tokenization:
 
     async def completion(
         self, prompt: str, *, add_special_tokens: bool = True, engine: EngineTokenizer | None = None
-    ) -> list[int]:
+    ) -> Sequence[int]:
         """Ids of a completion prompt (vLLM adds special tokens such as BOS by default)."""
         if self.local is not None:
             kind = b"cmpl+special" if add_special_tokens else b"cmpl"
@@ -164,7 +167,7 @@ class Tokenization:
             raise TokenizationError(f"no engine tokenizer for model {self.model}")
         return pod
 
-    async def _local_chat(self, prompt: ChatPrompt) -> list[int]:
+    async def _local_chat(self, prompt: ChatPrompt) -> Sequence[int]:
         assert self.local is not None
         if render_cost_chars(prompt.messages) > self.offload_chars:
             text = await asyncio.to_thread(self.local.render_chat, prompt)
@@ -173,7 +176,9 @@ class Tokenization:
         special = prompt.add_special_tokens
         return await self._local_encode(b"chat+special" if special else b"chat", text, special)
 
-    async def _local_encode(self, kind: bytes, text: str, add_special_tokens: bool) -> list[int]:
+    async def _local_encode(
+        self, kind: bytes, text: str, add_special_tokens: bool
+    ) -> Sequence[int]:
         assert self.local is not None
         inc = self.incremental
         if inc is not None and inc.handles(add_special_tokens):
@@ -196,7 +201,7 @@ class Tokenization:
 
     async def _incremental(
         self, inc: IncrementalEncoder, text: str, add_special_tokens: bool
-    ) -> list[int]:
+    ) -> Sequence[int]:
         """Only the segments no earlier prompt had are encoded, off the loop when long."""
         plan = inc.plan(text, add_special_tokens)
         self.stats.reused_tokens += plan.reused_tokens

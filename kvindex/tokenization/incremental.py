@@ -153,8 +153,10 @@ class IncrementalEncoder:
         """Ids of the plan's missing segments (CPU work, safe in a worker thread)."""
         return self.segmenter.encode(plan.missing, plan.head_first)
 
-    def finish(self, plan: Plan, encoded: Sequence[Sequence[int]]) -> list[int]:
-        """Cache what ``encode`` returned for ``plan`` and give the text's ids."""
+    def finish(self, plan: Plan, encoded: Sequence[Sequence[int]]) -> array[int]:
+        """Cache what ``encode`` returned for ``plan`` and give the text's ids (an
+        ``array("I")``: the block keyer packs it as it is, and a list of 2,000 ids
+        would cost more to build than all of this assembly)."""
         fresh = iter(encoded)
         keys = iter(plan.keys)
         out = array("I", plan.around[0])
@@ -165,7 +167,7 @@ class IncrementalEncoder:
             self.cache.put_array(plan.prefix_key, out[len(plan.around[0]) :])
             self._assemble(plan.parts[plan.prefix_parts :], fresh, keys, out)
         out.extend(plan.around[1])
-        return out.tolist()
+        return out
 
     def _assemble(
         self,

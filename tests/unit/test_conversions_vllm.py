@@ -210,6 +210,6 @@ async def test_conversions_render_the_ids_vllm_renders(template_file):
             prompt = messages_prompt(body, facts)
         else:
             prompt = ChatPrompt.from_body(body)
-        ours.append(await tok.chat(prompt))
+        ours.append(list(await tok.chat(prompt)))
     for case, got, want in zip(cases, ours, expected["ids"], strict=True):
         assert got == want, case

@@ -2,6 +2,7 @@
 
 import struct
 import time
+from array import array
 
 import pytest
 import xxhash
@@ -33,6 +34,11 @@ TOKENS = list(range(1000, 1100))  # 100 tokens: 6 full blocks of 16, 4 left over
 
 def test_keys_follow_the_documented_definition():
     assert BlockKeyer("m", 16).keys(TOKENS) == reference_keys("m", 16, TOKENS)
+
+
+def test_ids_given_as_a_uint32_array_get_the_same_keys():
+    """Tokenization hands over ``array("I")`` ids; they are packed as they are."""
+    assert BlockKeyer("m", 16).keys(array("I", TOKENS)) == reference_keys("m", 16, TOKENS)
 
 
 def test_only_full_blocks_are_keyed():

@@ -41,7 +41,7 @@ async def test_a_conversation_grown_turn_by_turn_encodes_only_the_new_turns(
         history += [{"role": "user", "content": f"Question {turn}: how do caches work?"}]
         before = tok.stats.encoded_chars
 
-        ids = await tok.chat(ChatPrompt(history))
+        ids = list(await tok.chat(ChatPrompt(history)))
 
         assert ids == _whole(local, history)
         new = tok.stats.encoded_chars - before
@@ -64,7 +64,7 @@ async def test_a_conversations_next_turn_is_cut_and_looked_up_only_after_its_kno
         text = local.render_chat(ChatPrompt(history))
         plan = encoder.plan(text, False)
 
-        assert encoder.finish(plan, encoder.encode(plan)) == _whole(local, history)
+        assert list(encoder.finish(plan, encoder.encode(plan))) == _whole(local, history)
 
         if turn:  # the ids up to the last turn's role marker come as one part
             assert 0 < plan.prefix_tokens <= plan.reused_tokens
@@ -82,7 +82,7 @@ async def test_a_document_under_different_questions_is_encoded_once(
         messages = [{"role": "user", "content": f"{doc}\n\nQuestion: {question}"}]
         before = tok.stats.encoded_chars
 
-        assert await tok.chat(ChatPrompt(messages)) == _whole(local, messages)
+        assert list(await tok.chat(ChatPrompt(messages))) == _whole(local, messages)
 
         encoded.append(tok.stats.encoded_chars - before)
     chunk = tok.incremental.segmenter.chunk_chars if tok.incremental else 0
@@ -113,8 +113,8 @@ async def test_cached_ids_equal_the_whole_prompts_ids_first_time_and_again(
     ]
     expected = _whole(local, messages)
 
-    first = await tok.chat(ChatPrompt(messages))
-    second = await tok.chat(ChatPrompt(messages))
+    first = list(await tok.chat(ChatPrompt(messages)))
+    second = list(await tok.chat(ChatPrompt(messages)))
 
     assert first == second == expected
     assert (tok.stats.misses, tok.stats.hits) == (1, 1)
@@ -126,7 +126,7 @@ async def test_completions_add_the_post_processors_ids_around_cached_segments(
     tok = Tokenization("tiny", "local", local)
     for special in (True, False, True):
         prompt = f"{doc} <|im_end|> and more"
-        assert await tok.completion(prompt, add_special_tokens=special) == local.encode(
+        assert list(await tok.completion(prompt, add_special_tokens=special)) == local.encode(
             prompt, special
         )
 

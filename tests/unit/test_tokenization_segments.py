@@ -240,7 +240,7 @@ def test_texts_that_extend_earlier_texts_prefixes_get_their_whole_ids(
         for special in (False, True):
             plan = encoder.plan(text, special)
 
-            ids = encoder.finish(plan, encoder.encode(plan))
+            ids = list(encoder.finish(plan, encoder.encode(plan)))
 
             assert ids == tok.encode(text, add_special_tokens=special).ids
 
@@ -250,7 +250,7 @@ def test_a_known_prefix_whose_last_added_token_grows_into_a_longer_one_is_not_us
     encoder = IncrementalEncoder(Segmenter.for_tokenizer(tok), TokenCache())
     for text in ("hi<|im_end|>there", "hi<|im_end|>\nthere"):  # then "<|im_end|>\n"
         plan = encoder.plan(text, False)
-        ids = encoder.finish(plan, encoder.encode(plan))
+        ids = list(encoder.finish(plan, encoder.encode(plan)))
 
         assert ids == tok.encode(text, add_special_tokens=False).ids
         assert plan.prefix_tokens == 0

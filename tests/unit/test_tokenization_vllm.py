@@ -153,10 +153,10 @@ async def _our_ids(toks: dict[str | None, Tokenization], cases: list[dict[str, A
     for case in cases:
         tok = toks[case.get("_template")]
         if "messages" in case:  # the body vLLM parsed, with its defaults
-            ours.append(await tok.chat(ChatPrompt.from_body(case)))
+            ours.append(list(await tok.chat(ChatPrompt.from_body(case))))
         else:
             special = case.get("add_special_tokens", True)
-            ours.append(await tok.completion(case["prompt"], add_special_tokens=special))
+            ours.append(list(await tok.completion(case["prompt"], add_special_tokens=special)))
     return ours
 
 
