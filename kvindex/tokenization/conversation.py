@@ -109,6 +109,36 @@ def _message(message: Mapping[str, Any], openai_content: bool) -> dict[str, Any]
         raise UnsupportedPrompt("message without a role")
     role = message["role"]
     content = message.get("content")
+    out: dict[str, Any]
+    if type(content) is str and not openai_content and not content.startswith(BILLING_HEADER):
+        # The usual message, and what the general path makes of it (one text part,
+        # "joined" in the string format) without building and joining that list.
+        out = {"role": role, "content": content}
+    else:
+        out = {"role": role, "content": _content(role, content, openai_content)}
+    if role == "assistant":
+        if message.get("tool_calls") is not None:
+            out["tool_calls"] = list(message["tool_calls"])
+        reasoning = message.get("reasoning")
+        if reasoning is not None:
+            out["reasoning"] = out["reasoning_content"] = reasoning
+    elif role == "tool":
+        if "tool_call_id" in message:
+            out["tool_call_id"] = message["tool_call_id"]
+        parts = out["content"]
+        if openai_content and all(p.get("type") == "text" for p in parts):
+            out["content"] = "\n".join(p["text"] for p in parts)
+    for key in ("name", "task"):
+        if isinstance(message.get(key), str):
+            out[key] = message[key]
+    if role == "developer":
+        out["tools"] = message.get("tools")
+    return out
+
+
+def _content(role: str, content: Any, openai_content: bool) -> Any:
+    """The message's content for the template: text parts (openai format) or their
+    texts joined by newlines (string format)."""
     if content is None:
         parts: list[Any] = []
     elif isinstance(content, str):
@@ -120,24 +150,7 @@ def _message(message: Mapping[str, Any], openai_content: bool) -> dict[str, Any]
     if role == "system":
         parts = _strip_billing_header(parts)
     parsed = [p for p in (_part(part, openai_content) for part in parts) if p is not None]
-    out: dict[str, Any] = {"role": role, "content": parsed if openai_content else "\n".join(parsed)}
-    if role == "assistant":
-        if message.get("tool_calls") is not None:
-            out["tool_calls"] = list(message["tool_calls"])
-        reasoning = message.get("reasoning")
-        if reasoning is not None:
-            out["reasoning"] = out["reasoning_content"] = reasoning
-    elif role == "tool":
-        if "tool_call_id" in message:
-            out["tool_call_id"] = message["tool_call_id"]
-        if openai_content and all(p.get("type") == "text" for p in parsed):
-            out["content"] = "\n".join(p["text"] for p in parsed)
-    for key in ("name", "task"):
-        if isinstance(message.get(key), str):
-            out[key] = message[key]
-    if role == "developer":
-        out["tools"] = message.get("tools")
-    return out
+    return parsed if openai_content else "\n".join(parsed)
 
 
 def _part(part: Any, openai_content: bool) -> Any:
