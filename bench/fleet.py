@@ -29,7 +29,12 @@ import httpx
 from bench.gateway_proc import run_gateway
 from bench.loadgen import RequestResult, run_closed_loop, run_open_loop
 from bench.peers import PEERS, PeerUnavailable, PodEndpoint, run_peer
-from bench.podstats import FleetStats, collect, routing_decision_ms
+from bench.podstats import (
+    FleetStats,
+    collect,
+    gateway_prediction_error,
+    routing_decision_ms,
+)
 from bench.profiles import sim_cost_model
 from bench.summary import RunSummary, summarize
 from bench.variants import split_variant
@@ -94,6 +99,7 @@ class Cell:
     summary: RunSummary | None = None
     stats: FleetStats | None = None
     decision_ms: float | None = None  # kvgate only: tokenize + lookup + choose
+    gateway_prediction_error: float | None = None  # kvgate only: on its own clock
     ttfts_ms: list[float] = field(default_factory=list)
     skipped: str = ""
     gateways: int = 1  # kvgate replicas the requests were spread over
@@ -274,6 +280,7 @@ def run_cell(plan: FleetPlan, workload: Workload, tier: str, load: Load, router:
                 ]
                 if scaled:
                     cell.decision_ms = routing_decision_ms(routers.urls[0])
+                    cell.gateway_prediction_error = gateway_prediction_error(routers.urls[0])
                     cell.gateway_rss_mib = [rss_mib(pid) for pid in routers.pids]
                     if routers.redis_url:
                         cell.redis_mib = redis_used_mib(routers.redis_url)

@@ -134,6 +134,48 @@ def collect(pod_urls: list[str], simulated: bool, timeout_s: float = 5.0) -> Fle
     return stats
 
 
+def histogram_median(buckets: dict[float, float]) -> float | None:
+    """The median of a Prometheus histogram from its cumulative ``le`` buckets,
+    interpolated linearly inside the bucket that holds it (as ``histogram_quantile``
+    does); None when it is empty. A median past the last finite bound is that bound."""
+    bounds = sorted(buckets)
+    total = buckets.get(float("inf"), buckets[bounds[-1]] if bounds else 0.0)
+    if not total:
+        return None
+    rank, below, lower = total / 2, 0.0, 0.0
+    for le in bounds:
+        count = buckets[le]
+        if count >= rank:
+            if le == float("inf"):
+                return lower
+            inside = count - below
+            return lower + (le - lower) * ((rank - below) / inside if inside else 1.0)
+        below, lower = count, le
+    return lower
+
+
+def gateway_prediction_error(gateway_url: str) -> float | None:
+    """Median of kvgate's own |predicted - observed| / observed TTFT, from its
+    ``kvgate_predicted_ttft_relative_error`` histogram (every strategy together; a
+    cell runs one). Observed on the gateway's clock, from the request's arrival to the
+    pod's first byte: what the prediction is of, without the load generator's share
+    of the machine. None when nothing was predicted or the gateway did not answer."""
+    try:
+        text = httpx.get(f"{gateway_url}/metrics", timeout=5.0).text
+        families = list(text_string_to_metric_families(text))
+    except (httpx.HTTPError, ValueError):
+        return None
+    buckets: dict[float, float] = {}
+    for fam in families:
+        if fam.name != "kvgate_predicted_ttft_relative_error":
+            continue
+        for s in fam.samples:
+            if s.name.endswith("_bucket"):
+                le = float(s.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + float(s.value)
+    return histogram_median(buckets)
+
+
 def routing_decision_ms(gateway_url: str) -> float | None:
     """Mean time kvgate spent choosing a pod (tokenize + index lookup + strategy)."""
     try:

@@ -85,7 +85,8 @@ class RealCell:
     errors: int = 0
     requests: int = 0
     per_pod: list[int] = field(default_factory=list)  # requests each pod served
-    prediction_error: float | None = None
+    prediction_error: float | None = None  # the load generator's clock
+    gateway_prediction_error: float | None = None  # kvgate's clock (its histogram)
     skipped: str = ""
 
 
@@ -104,6 +105,7 @@ class RouterSummary:
     busiest_pod_share: float  # median over seeds of the busiest pod's share of requests
     prediction_error: float | None
     errors: int
+    gateway_prediction_error: float | None = None
 
 
 @dataclass
@@ -194,6 +196,7 @@ def _real_cell(
         rc.p99_ms = s.ttft_p99_ms
         rc.errors, rc.requests = s.errors, s.requests
         rc.prediction_error = s.ttft_prediction_error
+    rc.gateway_prediction_error = c.gateway_prediction_error
     return rc
 
 
@@ -285,6 +288,7 @@ def summarize(cells: Sequence[RealCell]) -> list[RouterSummary]:
     for (workload, load, router), runs in groups.items():
         p90 = [c.p90_ms for c in runs if c.p90_ms is not None]
         errors = [c.prediction_error for c in runs if c.prediction_error is not None]
+        own = [c.gateway_prediction_error for c in runs if c.gateway_prediction_error is not None]
         shares = [max(c.per_pod) / sum(c.per_pod) for c in runs if c.per_pod and sum(c.per_pod)]
         out.append(
             RouterSummary(
@@ -301,6 +305,7 @@ def summarize(cells: Sequence[RealCell]) -> list[RouterSummary]:
                 statistics.median(shares) if shares else float("nan"),
                 statistics.median(errors) if errors else None,
                 sum(c.errors for c in runs),
+                statistics.median(own) if own else None,
             )
         )
     return sorted(out, key=_report_order)
@@ -383,6 +388,7 @@ def print_summaries(console: Console, summaries: Sequence[RouterSummary]) -> Non
         "cached",
         "busiest pod",
         "pred. error",
+        "own pred. error",
         "errors",
     ):
         table.add_column(col, justify="left" if col in ("workload", "load", "router") else "right")
@@ -399,6 +405,7 @@ def print_summaries(console: Console, summaries: Sequence[RouterSummary]) -> Non
             f"{s.cached_median:.1%}",
             f"{s.busiest_pod_share:.0%}",
             pct(s.prediction_error),
+            pct(s.gateway_prediction_error),
             str(s.errors),
         )
     console.print(table)
@@ -455,16 +462,22 @@ def write_report(
         f"Pod measured at start: prefill {fit.overhead_s * 1000:.1f} ms + "
         f"{1e6 / fit.tokens_per_s:.1f} µs/token, "
         f"+{(fit.s_per_running or 0) * 1000:.1f} ms per running request; kv-aware configured with "
-        f"`{json.dumps(kv_options)}`.",
+        f"`{json.dumps(kv_options)}`. *TTFT pred. error*: median over requests of "
+        f"|predicted - observed| / observed, observed by the load generator; *kvgate's own*: "
+        f"the same from kvgate's `kvgate_predicted_ttft_relative_error` histogram "
+        f"(interpolated in its bucket), observed from the request's arrival at the gateway "
+        f"to the pod's first byte, which is what the prediction is of (medians over seeds).",
         "",
         "| workload | load | router | seeds | TTFT p90 median ms | p90 worst ms | p50 median ms "
-        "| p99 worst ms | cached | busiest pod | TTFT pred. error | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| p99 worst ms | cached | busiest pod | TTFT pred. error | kvgate's own pred. error "
+        "| errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *(
             f"| {s.workload} | {s.load} | {s.router} | {s.seeds} | {s.p90_median_ms:.0f} | "
             f"{s.p90_worst_ms:.0f} | {s.p50_median_ms:.0f} | {s.p99_worst_ms:.0f} | "
             f"{s.cached_median:.1%} | "
-            f"{s.busiest_pod_share:.0%} | {pct(s.prediction_error)} | {s.errors} |"
+            f"{s.busiest_pod_share:.0%} | {pct(s.prediction_error)} | "
+            f"{pct(s.gateway_prediction_error)} | {s.errors} |"
             for s in summaries
         ),
         "",

@@ -1,6 +1,13 @@
 """How the real-fleet benchmark judges its runs: medians and worsts over seeds, and
 the verdicts against the best peer policy."""
 
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from bench.podstats import gateway_prediction_error, histogram_median
 from bench.real_fleet import RealCell, summarize, verdicts
 
 
@@ -96,3 +103,51 @@ def test_the_report_lists_cells_in_the_plans_order_rates_ascending_routers_as_li
     assert order == [("chat", "closed:4", "kv-aware"), ("users", "poisson:8", "kv-aware"),
                      ("users", "poisson:8", "sglang-router:cache_aware"),
                      ("users", "poisson:16", "round-robin")]  # fmt: skip
+
+
+def test_kvgates_own_prediction_error_is_the_median_over_seeds():
+    cells = [cell("kv-aware", s, 50) for s in range(3)]
+    for c, error in zip(cells, (0.12, 0.30, 0.18), strict=True):
+        c.gateway_prediction_error = error
+    assert by_router(cells)["kv-aware"].gateway_prediction_error == 0.18
+    assert (
+        by_router([cell("vllm-router:kv_aware", 0, 50)])[
+            "vllm-router:kv_aware"
+        ].gateway_prediction_error
+        is None
+    )
+
+
+def test_a_histograms_median_is_interpolated_inside_its_bucket():
+    inf = float("inf")
+    # 8 observations: 2 up to 0.1, 4 in (0.1, 0.2], 2 in (0.2, 0.3]; the 4th is 2/4 in.
+    assert histogram_median({0.1: 2, 0.2: 6, 0.3: 8, inf: 8}) == pytest.approx(0.15)
+    assert histogram_median({0.1: 0, 0.2: 0, inf: 0}) is None
+    assert histogram_median({0.1: 0, 0.2: 1, inf: 5}) == 0.2  # past the last bound
+
+
+def test_kvgates_own_error_is_read_from_its_histogram_over_http():
+    registry = CollectorRegistry()
+    h = Histogram("kvgate_predicted_ttft_relative_error", "", ["strategy"],
+                  buckets=(0.1, 0.2, 0.3), registry=registry)  # fmt: skip
+    for error in (0.05, 0.15, 0.15, 0.25):
+        h.labels("kv-aware").observe(error)
+    body = generate_latest(registry)
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        error = gateway_prediction_error(f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+    assert error == pytest.approx(0.15)  # rank 2 of 4: the first of the two in (0.1, 0.2]
