@@ -14,6 +14,13 @@ the same cold prompt while 0, 2 and 4 other requests stream long answers on the 
 On a GPU that is a fraction of a millisecond; on a CPU engine the decode steps and
 the API server's streaming share the cores with the prefill, and it is the larger term
 under load. Online calibration refines both from live traffic.
+
+Last, whether the engine prefills prompts that arrive together in one step
+(``queued_overhead_share``): several short cold prompts sent at once. kv-aware charges
+each prefill queued ahead of a request its tokens and this share of the fixed
+overhead; an engine that starts one prefill at a time pays the whole overhead per
+prompt ahead (1), vLLM batches them and pays it about once (0). A wrong share doubles
+the predicted TTFT of the second request of every pair that arrives together.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ from bench.tinymodel import MODEL_NAME, ensure_tokenizer
 
 LENGTHS = (128, 512, 1024, 2048)
 RUNNING = (0, 2, 4)  # requests decoding on the pod while a cold prompt is measured
+BURST = 4  # cold prompts sent at once to see whether the engine prefills them together
+BURST_TOKENS = 64  # short, so the fixed overhead is most of each prompt's prefill
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,8 @@ class PrefillFit:
     # Extra TTFT per request running on the pod, None if not measured.
     s_per_running: float | None = None
     running_points: tuple[tuple[int, float], ...] = ()  # (running, median TTFT s)
+    # Share of the overhead each prefill queued ahead adds, None if not measured.
+    queued_overhead_share: float | None = None
 
     def cost_model(self, block_size: int) -> dict[str, float]:
         """kv-aware's ``cost_model`` options for this fit."""
@@ -53,6 +64,8 @@ class PrefillFit:
         }
         if self.s_per_running is not None:
             model["decode_s_per_running"] = round(self.s_per_running, 5)
+        if self.queued_overhead_share is not None:
+            model["queued_overhead_share"] = round(self.queued_overhead_share, 2)
         return model
 
 
@@ -127,12 +140,62 @@ def measure_running(
     return max(0.0, slope), tuple(points)
 
 
+def measure_burst(
+    url: str,
+    fit: PrefillFit,
+    model: str = MODEL_NAME,
+    burst: int = BURST,
+    repeats: int = 3,
+    prompt_tokens: int = BURST_TOKENS,
+) -> float:
+    """The share of the fixed overhead each prefill queued ahead adds, from ``burst``
+    cold prompts sent at once: kv-aware predicts the last of them to start after the
+    others' tokens and ``share`` x overhead each, so the share is what the median last
+    TTFT leaves after its own prefill and the others' tokens, per prompt ahead, as a
+    share of the overhead (clamped to [0, 1])."""
+    tokenizer = ensure_tokenizer()
+    lasts: list[float] = []
+    tokens = prompt_tokens
+    with httpx.Client(timeout=120) as client:
+        for _ in range(repeats):
+            texts = [text_of_tokens(prompt_tokens, uuid.uuid4().hex, tokenizer)
+                     for _ in range(burst)]  # fmt: skip
+            tokens = _prompt_tokens(client, url, model, texts[0]) or prompt_tokens
+            lasts.append(max(_together(url, model, texts)))
+    per_token = 1.0 / fit.tokens_per_s
+    left = statistics.median(lasts) - fit.overhead_s - burst * tokens * per_token
+    if fit.overhead_s <= 0:
+        return 0.0 if left <= 0 else 1.0
+    return min(1.0, max(0.0, left / ((burst - 1) * fit.overhead_s)))
+
+
+def _together(url: str, model: str, texts: list[str]) -> list[float]:
+    """TTFT of each text, all sent at the same moment (one connection each)."""
+    gate = threading.Barrier(len(texts), timeout=60)
+    ttfts = [0.0] * len(texts)
+
+    def send(i: int) -> None:
+        with httpx.Client(timeout=120) as client:
+            _prompt_tokens(client, url, model, "connect")  # the connection, opened first
+            gate.wait()
+            ttfts[i] = _ttft(client, url, model, texts[i])
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(texts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return ttfts
+
+
 def measure_pod(url: str, model: str = MODEL_NAME) -> PrefillFit:
-    """The prefill line and the per-running-request cost: kv-aware's cost model."""
+    """The prefill line, the per-running-request cost and whether prompts that arrive
+    together are prefilled together: kv-aware's cost model."""
     fit = measure_prefill(url, model)
     s_per_running, running_points = measure_running(url, model)
+    share = measure_burst(url, fit, model)
     return PrefillFit(fit.overhead_s, fit.tokens_per_s, fit.points, s_per_running,
-                      running_points)  # fmt: skip
+                      running_points, share)  # fmt: skip
 
 
 @contextlib.contextmanager

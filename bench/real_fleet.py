@@ -211,7 +211,8 @@ def run_real(plan: RealPlan, out: Path, console: Console | None = None) -> list[
         console.print(
             f"pod prefill: {fit.overhead_s * 1000:.1f} ms + "
             f"{1e6 / fit.tokens_per_s:.1f} µs/token ({fit.tokens_per_s:,.0f} tokens/s), "
-            f"+{(fit.s_per_running or 0) * 1000:.1f} ms per running request"
+            f"+{(fit.s_per_running or 0) * 1000:.1f} ms per running request, "
+            f"queued overhead share {fit.queued_overhead_share}"
         )
         kv_options = plan.kv_options or {"cost_model": fit.cost_model(BLOCK_SIZE)}
         with _environment(
@@ -461,7 +462,9 @@ def write_report(
         f"pods'), `kv-aware/no-eviction-cost` kv-aware ranking by predicted TTFT alone. "
         f"Pod measured at start: prefill {fit.overhead_s * 1000:.1f} ms + "
         f"{1e6 / fit.tokens_per_s:.1f} µs/token, "
-        f"+{(fit.s_per_running or 0) * 1000:.1f} ms per running request; kv-aware configured with "
+        f"+{(fit.s_per_running or 0) * 1000:.1f} ms per running request, share of the "
+        f"overhead each prefill queued ahead adds {fit.queued_overhead_share}; kv-aware "
+        f"configured with "
         f"`{json.dumps(kv_options)}`. *TTFT pred. error*: median over requests of "
         f"|predicted - observed| / observed, observed by the load generator; *kvgate's own*: "
         f"the same from kvgate's `kvgate_predicted_ttft_relative_error` histogram "

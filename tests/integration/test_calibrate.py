@@ -44,3 +44,21 @@ def test_a_pod_whose_prefill_ignores_running_requests_measures_no_running_cost(p
     assert per_running < 0.005  # against 20 ms + 51 ms of prefill per point
     fit = measure_prefill(pod.url, lengths=(128, 512), repeats=1)
     assert "decode_s_per_running" not in fit.cost_model(16)  # only when measured
+
+
+@pytest.mark.parametrize(("prefill_concurrency", "low", "high"), [(1, 0.7, 1.0), (0, 0.0, 0.3)])
+def test_a_burst_of_cold_prompts_tells_whether_the_engine_prefills_them_together(
+    prefill_concurrency, low, high
+):
+    from bench.calibrate import PrefillFit, measure_burst
+
+    (pod,) = start_sim_pods(1, overhead_s=0.02, prefill_tokens_per_s=10_000.0,
+                            prefill_concurrency=prefill_concurrency)  # fmt: skip
+    try:
+        # The pod's own line (20 ms + 100 µs a token), as measure_prefill recovers it.
+        share = measure_burst(pod.url, PrefillFit(0.02, 10_000.0, ()), burst=4, repeats=1)
+    finally:
+        pod.stop()
+    # One lane: the last of 4 starts after 3 whole prefills (share 1). Unlimited: all
+    # start at once, the last is as quick as the first (0).
+    assert low <= share <= high
