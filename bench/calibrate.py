@@ -16,7 +16,8 @@ the API server's streaming share the cores with the prefill, and it is the large
 under load. Online calibration refines both from live traffic.
 
 Last, whether the engine prefills prompts that arrive together in one step
-(``queued_overhead_share``): several short cold prompts sent at once. kv-aware charges
+(``queued_overhead_share``): several short cold prompts sent at once, and how much
+later the last gets its first token than the first. kv-aware charges
 each prefill queued ahead of a request its tokens and this share of the fixed
 overhead; an engine that starts one prefill at a time pays the whole overhead per
 prompt ahead (1), vLLM batches them and pays it about once (0). A wrong share doubles
@@ -142,31 +143,29 @@ def measure_running(
 
 def measure_burst(
     url: str,
-    fit: PrefillFit,
     model: str = MODEL_NAME,
     burst: int = BURST,
     repeats: int = 3,
     prompt_tokens: int = BURST_TOKENS,
 ) -> float:
     """The share of the fixed overhead each prefill queued ahead adds, from ``burst``
-    cold prompts sent at once: kv-aware predicts the last of them to start after the
-    others' tokens and ``share`` x overhead each, so the share is what the median last
-    TTFT leaves after its own prefill and the others' tokens, per prompt ahead, as a
-    share of the overhead (clamped to [0, 1])."""
+    cold prompts sent at once. An engine that prefills them one at a time gives the
+    last its first token ``burst`` x later than the first; one that prefills them in
+    one step gives all of them theirs together. So the share is
+    (last / first - 1) / (burst - 1), the median over ``repeats`` bursts, clamped to
+    [0, 1]: a ratio, well defined however small the idle pod's fixed overhead is
+    (the overhead the calibrator learns under load is what the share multiplies)."""
     tokenizer = ensure_tokenizer()
-    lasts: list[float] = []
-    tokens = prompt_tokens
+    ratios: list[float] = []
     with httpx.Client(timeout=120) as client:
-        for _ in range(repeats):
-            texts = [text_of_tokens(prompt_tokens, uuid.uuid4().hex, tokenizer)
-                     for _ in range(burst)]  # fmt: skip
-            tokens = _prompt_tokens(client, url, model, texts[0]) or prompt_tokens
-            lasts.append(max(_together(url, model, texts)))
-    per_token = 1.0 / fit.tokens_per_s
-    left = statistics.median(lasts) - fit.overhead_s - burst * tokens * per_token
-    if fit.overhead_s <= 0:
-        return 0.0 if left <= 0 else 1.0
-    return min(1.0, max(0.0, left / ((burst - 1) * fit.overhead_s)))
+        _ttft(client, url, model, "warm up")
+    for _ in range(repeats):
+        texts = [text_of_tokens(prompt_tokens, uuid.uuid4().hex, tokenizer)
+                 for _ in range(burst)]  # fmt: skip
+        ttfts = sorted(_together(url, model, texts))
+        ratios.append(ttfts[-1] / ttfts[0])
+    share = (statistics.median(ratios) - 1) / (burst - 1)
+    return min(1.0, max(0.0, share))
 
 
 def _together(url: str, model: str, texts: list[str]) -> list[float]:
@@ -193,7 +192,7 @@ def measure_pod(url: str, model: str = MODEL_NAME) -> PrefillFit:
     together are prefilled together: kv-aware's cost model."""
     fit = measure_prefill(url, model)
     s_per_running, running_points = measure_running(url, model)
-    share = measure_burst(url, fit, model)
+    share = measure_burst(url, model)
     return PrefillFit(fit.overhead_s, fit.tokens_per_s, fit.points, s_per_running,
                       running_points, share)  # fmt: skip
 

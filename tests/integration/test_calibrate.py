@@ -50,13 +50,12 @@ def test_a_pod_whose_prefill_ignores_running_requests_measures_no_running_cost(p
 def test_a_burst_of_cold_prompts_tells_whether_the_engine_prefills_them_together(
     prefill_concurrency, low, high
 ):
-    from bench.calibrate import PrefillFit, measure_burst
+    from bench.calibrate import measure_burst
 
     (pod,) = start_sim_pods(1, overhead_s=0.02, prefill_tokens_per_s=10_000.0,
                             prefill_concurrency=prefill_concurrency)  # fmt: skip
     try:
-        # The pod's own line (20 ms + 100 µs a token), as measure_prefill recovers it.
-        share = measure_burst(pod.url, PrefillFit(0.02, 10_000.0, ()), burst=4, repeats=1)
+        share = measure_burst(pod.url, burst=4, repeats=1)
     finally:
         pod.stop()
     # One lane: the last of 4 starts after 3 whole prefills (share 1). Unlimited: all
