@@ -212,7 +212,7 @@ def run_real(plan: RealPlan, out: Path, console: Console | None = None) -> list[
             f"pod prefill: {fit.overhead_s * 1000:.1f} ms + "
             f"{1e6 / fit.tokens_per_s:.1f} µs/token ({fit.tokens_per_s:,.0f} tokens/s), "
             f"+{(fit.s_per_running or 0) * 1000:.1f} ms per running request, "
-            f"queued overhead share {fit.queued_overhead_share}"
+            f"queued overhead share {_share(fit)}"
         )
         kv_options = plan.kv_options or {"cost_model": fit.cost_model(BLOCK_SIZE)}
         with _environment(
@@ -235,6 +235,11 @@ def run_real(plan: RealPlan, out: Path, console: Console | None = None) -> list[
     print_summaries(console, summaries)
     write_report(plan, fit, kv_options, cells, summaries, out)
     return cells
+
+
+def _share(fit: PrefillFit) -> str:
+    share = fit.queued_overhead_share
+    return "not measured" if share is None else f"{share:.2f}"
 
 
 def earlier_cells(path: Path, plan: RealPlan) -> list[RealCell]:
@@ -463,7 +468,7 @@ def write_report(
         f"Pod measured at start: prefill {fit.overhead_s * 1000:.1f} ms + "
         f"{1e6 / fit.tokens_per_s:.1f} µs/token, "
         f"+{(fit.s_per_running or 0) * 1000:.1f} ms per running request, share of the "
-        f"overhead each prefill queued ahead adds {fit.queued_overhead_share}; kv-aware "
+        f"overhead each prefill queued ahead adds {_share(fit)}; kv-aware "
         f"configured with "
         f"`{json.dumps(kv_options)}`. *TTFT pred. error*: median over requests of "
         f"|predicted - observed| / observed, observed by the load generator; *kvgate's own*: "
