@@ -196,6 +196,8 @@ async def running_gateway(
             await gw.reloader.start()
         loop_lag = LoopLagMonitor(prometheus)
         loop_lag.start()
+        gc_pauses = heap.GcPauses(prometheus)
+        gc_pauses.start()
         heap.settle()  # what start-up built lives as long as the gateway
         try:
             yield gw
@@ -211,3 +213,4 @@ async def running_gateway(
             if tracing is not None:
                 await asyncio.to_thread(tracing.shutdown)  # exports what is buffered
             await loop_lag.stop()
+            gc_pauses.stop()

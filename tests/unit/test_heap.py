@@ -3,6 +3,8 @@
 import gc
 import weakref
 
+from prometheus_client import CollectorRegistry
+
 from gateway import heap
 
 
@@ -36,3 +38,27 @@ def test_a_frozen_cycle_dropped_later_is_collected_by_the_next_settle():
 
     heap.settle()
     assert ref() is None
+
+
+def test_every_collection_is_timed_by_generation_until_stopped():
+    registry = CollectorRegistry()
+    pauses = heap.GcPauses(registry)
+    gc.disable()  # only the collections this test asks for
+    try:
+        pauses.start()
+        pauses.start()  # once, however often started
+        gc.collect(0)
+        gc.collect()
+        counts = {g: registry.get_sample_value("kvgate_gc_pause_seconds_count",
+                                               {"generation": g}) for g in "012"}  # fmt: skip
+        assert counts == {"0": 1.0, "1": 0.0, "2": 1.0}
+        assert registry.get_sample_value("kvgate_gc_pause_seconds_sum", {"generation": "2"}) > 0
+
+        pauses.stop()
+        gc.collect()
+        assert (
+            registry.get_sample_value("kvgate_gc_pause_seconds_count", {"generation": "2"}) == 1.0
+        )
+    finally:
+        pauses.stop()
+        gc.enable()
