@@ -180,7 +180,7 @@ class KvIndex:
             log.debug("tokenization failed for %s: %r", model, exc)
             return None
         if self.peers is not None:
-            self.peers.drain()  # the siblings' speculations, before this lookup
+            await self.peers.settle()  # the siblings' speculations and events, first
         with span("kvgate.index_lookup"):
             match = await self.store.match(keys, self.block_size(base))
         return IndexAnswer(len(token_ids), keys, match)
@@ -322,8 +322,10 @@ def lora_of(model: str, pods: list[Pod]) -> tuple[str, str | None]:
 class IndexPeers(Protocol):
     """Sibling worker processes of this gateway (``gateway.siblings``)."""
 
-    def drain(self) -> None:
-        """Apply what the siblings published since the last call (speculations)."""
+    async def settle(self) -> None:
+        """Apply what the siblings published since the last call: their speculations,
+        and the KV event bodies posted to them (awaited: a lookup right after a
+        sibling accepted events for a pod must see them)."""
 
     def speculated(self, pod: str, keys: Sequence[int]) -> None:
         """This worker recorded a speculation the siblings' indexes need too."""

@@ -12,8 +12,10 @@ help. Two things reach one worker only and go on its ring of the host bus
   applies them, in order, to its own index;
 * ``POST /admin/reload``: every worker reloads its settings (``gateway.reload``).
 
-Siblings' messages are read before every index lookup (``drain``) and every
-``DRAIN_EVERY_S`` in the background. A speculation carries its deadline on the
+Siblings' messages are read before every index lookup (``settle``, which also waits,
+briefly, for event bodies already read to be applied: a lookup right after a sibling
+answered a POST of events must see them) and every ``DRAIN_EVERY_S`` in the
+background. A speculation carries its deadline on the
 host's monotonic clock, so a late reader keeps it only for what is left.
 
 With a Redis index only worker 0 writes KV events to Redis (``EventsWrittenElsewhere``
@@ -42,6 +44,8 @@ SPECULATE = 1
 HTTP_EVENTS = 2
 RELOAD = 3  # POST /admin/reload reached one worker: every worker reloads its settings
 DRAIN_EVERY_S = 0.01
+# Longest a lookup waits for event bodies the siblings accepted to be applied here.
+SETTLE_TIMEOUT_S = 0.5
 MAX_QUEUED_BODIES = 256  # posted event bodies waiting to be applied here
 _SPEC_HEAD = struct.Struct("<dH")  # deadline (monotonic s), pod name length
 _EVENTS_HEAD = struct.Struct("<HH")  # pod name length, content type length
@@ -92,6 +96,7 @@ class Siblings:
         self._bodies: asyncio.Queue[tuple[str, bytes, str]] = asyncio.Queue(MAX_QUEUED_BODIES)
         self._tasks: list[asyncio.Task[None]] = []
         self.bodies_dropped = 0  # queue full, or the pod unknown here
+        self._applying = False  # a body is being applied now
         # Called when a sibling asks every worker to reload (``gateway.reload`` sets it).
         self.on_reload: Callable[[], None] | None = None
         endpoint.on(SPECULATE, self._on_speculation)
@@ -102,6 +107,14 @@ class Siblings:
 
     def drain(self) -> None:
         self.endpoint.drain()
+
+    async def settle(self) -> None:
+        self.endpoint.drain()
+        if self._bodies.qsize() or self._applying:
+            # Event bodies a sibling accepted (its POST answered 200) are applied here
+            # before this lookup; bounded, so a stuck store cannot hold requests.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._bodies.join(), SETTLE_TIMEOUT_S)
 
     def speculated(self, pod: str, keys: Sequence[int]) -> None:
         if self._share_speculation and keys:
@@ -140,14 +153,18 @@ class Siblings:
     async def _apply_bodies(self) -> None:
         while True:
             name, body, content_type = await self._bodies.get()
-            pod = self._registry.get(name)
-            if pod is None:
-                self.bodies_dropped += 1
-                continue
+            self._applying = True
             try:
+                pod = self._registry.get(name)
+                if pod is None:
+                    self.bodies_dropped += 1
+                    continue
                 await self._kv.apply_http_events(pod, body, content_type)
             except Exception as exc:  # noqa: BLE001  (the sender validated it; log, go on)
                 log.warning("sibling's KV events for %s not applied: %r", name, exc)
+            finally:
+                self._applying = False
+                self._bodies.task_done()
 
     async def _drain_forever(self) -> None:
         while True:
