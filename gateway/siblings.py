@@ -105,9 +105,6 @@ class Siblings:
 
     # -- IndexPeers ---------------------------------------------------------------------
 
-    def drain(self) -> None:
-        self.endpoint.drain()
-
     async def settle(self) -> None:
         self.endpoint.drain()
         if self._bodies.qsize() or self._applying:
