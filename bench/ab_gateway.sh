@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One gateway's throughput and CPU per request when its CPU is the limit: `kvgate serve`
+# (from TREE, e.g. a worktree of an older commit) pinned to core 0, the zero-latency
+# backend and wrk (1 thread, 32 connections) pinned to core 1, the overhead
+# benchmark's bodies. Run it alternately for two trees to compare them in one sitting.
+#
+#   bench/ab_gateway.sh TREE STRATEGY [varied|multi-turn] [SECONDS]
+#   git worktree add /tmp/old 8de3b1c && bench/ab_gateway.sh /tmp/old kv-aware multi-turn 10
+#
+# Prints req/s, the gateway's CPU ms per request and its CPU use (1.00: one full core).
+set -euo pipefail
+tree=$(cd "${1:?tree}" && pwd)
+strategy=${2:?strategy}
+workload=${3:-multi-turn}
+secs=${4:-10}
+cd "$(dirname "$0")/.."
+py=$(pwd)/${PYTHON:-.venv/bin/python}
+read -r pod_port gw_port admin_port < <("$py" -c "
+from bench.ports import free_ports; print(*free_ports(3))")
+tokenizer=$("$py" -c "from bench.tinymodel import ensure_tokenizer; print(ensure_tokenizer())")
+lua=$(mktemp --suffix=.lua)
+taskset -c 1 "$py" -m bench.zero_pod --port "$pod_port" &
+pod=$!
+export KVGATE_MODELS="{\"kvgate-tiny-llama\": {\"block_size\": 32, \"tokenizer\": \"$tokenizer\"}}"
+(cd "$tree" && exec taskset -c 0 "$py" -m cli serve --port "$gw_port" --admin-port "$admin_port" \
+  --workers 1 --pod "zero=http://127.0.0.1:$pod_port" --strategy "$strategy" \
+  --log-level warning) &
+gw=$!
+trap 'kill $gw $pod 2>/dev/null; rm -f "$lua"' EXIT
+"$py" -c "from bench.overhead import Bodies, wrk_script
+print(wrk_script('$workload', Bodies(8192).base))" > "$lua"
+"$py" -c "
+import httpx
+from bench.polling import wait_for
+def ready():
+    try:
+        return httpx.get('http://127.0.0.1:$gw_port/ready').status_code == 200
+    except httpx.HTTPError:
+        return False
+wait_for(ready, 30, 'the gateway ready')"
+url="http://127.0.0.1:$gw_port/v1/chat/completions"
+taskset -c 1 wrk -t1 -c32 -d2s -s "$lua" "$url" > /dev/null  # warm-up
+ticks() { awk '{print $14 + $15}' "/proc/$gw/stat"; }
+before=$(ticks)
+out=$(taskset -c 1 wrk -t1 -c32 -d"${secs}s" -s "$lua" "$url")
+after=$(ticks)
+hz=$(getconf CLK_TCK)
+"$py" -c "
+rps = float('$(echo "$out" | awk '/Requests\/sec/ {print $2}')')
+reqs = int('$(echo "$out" | awk '/requests in/ {print $1}')')
+cpu_s = ($after - $before) / $hz
+print(f'$tree $strategy $workload req/s={rps:.0f} cpu_ms/req={1000 * cpu_s / reqs:.3f} '
+      f'cpu_use={cpu_s / $secs:.2f}')"
