@@ -14,6 +14,7 @@ strategy=${2:?strategy}
 workload=${3:-multi-turn}
 secs=${4:-10}
 cd "$(dirname "$0")/.."
+source bench/gateway_load.sh
 py=$(pwd)/${PYTHON:-.venv/bin/python}
 read -r pod_port gw_port admin_port < <("$py" -c "
 from bench.ports import free_ports; print(*free_ports(3))")
@@ -27,17 +28,8 @@ export KVGATE_MODELS="{\"kvgate-tiny-llama\": {\"block_size\": 32, \"tokenizer\"
   --log-level warning) &
 gw=$!
 trap 'kill $gw $pod 2>/dev/null; rm -f "$lua"' EXIT
-"$py" -c "from bench.overhead import Bodies, wrk_script
-print(wrk_script('$workload', Bodies(8192).base))" > "$lua"
-"$py" -c "
-import httpx
-from bench.polling import wait_for
-def ready():
-    try:
-        return httpx.get('http://127.0.0.1:$gw_port/ready').status_code == 200
-    except httpx.HTTPError:
-        return False
-wait_for(ready, 30, 'the gateway ready')"
+wrk_lua "$workload" > "$lua"
+wait_ready "$gw_port"
 url="http://127.0.0.1:$gw_port/v1/chat/completions"
 taskset -c 1 wrk -t1 -c32 -d2s -s "$lua" "$url" > /dev/null  # warm-up
 ticks() { awk '{print $14 + $15}' "/proc/$gw/stat"; }

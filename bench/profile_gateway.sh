@@ -14,6 +14,7 @@ strategy=${1:?strategy}
 workload=${2:-varied}
 out=${3:-/tmp/kvgate-profile-$strategy-$workload.txt}
 cd "$(dirname "$0")/.."
+source bench/gateway_load.sh
 py=${PYTHON:-.venv/bin/python}
 spy=$(command -v py-spy || echo .venv/bin/py-spy)
 read -r pod_port gw_port admin_port < <("$py" -c "
@@ -34,17 +35,8 @@ else
 fi
 gw=$!
 trap 'kill $gw $pod 2>/dev/null; rm -f "$lua"' EXIT
-"$py" -c "from bench.overhead import Bodies, wrk_script
-print(wrk_script('$workload', Bodies(8192).base))" > "$lua"
-"$py" -c "
-import httpx
-from bench.polling import wait_for
-def ready():
-    try:
-        return httpx.get('http://127.0.0.1:$gw_port/ready').status_code == 200
-    except httpx.HTTPError:
-        return False
-wait_for(ready, 30, 'the gateway ready')"
+wrk_lua "$workload" > "$lua"
+wait_ready "$gw_port"
 wrk -t2 -c32 -d12s -s "$lua" "http://127.0.0.1:$gw_port/v1/chat/completions" > "$out.wrk" &
 sleep 1
 "$spy" record -p "$gw" -d 8 -r 200 -f raw -o "$out" --nonblocking > /dev/null 2>&1

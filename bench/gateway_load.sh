@@ -1,0 +1,22 @@
+# Sourced by bench/profile_gateway.sh and bench/ab_gateway.sh: what both do around a
+# gateway under wrk load. Needs $py (the project's python).
+
+# The overhead benchmark's ~8 KB chat bodies as a wrk Lua script, for WORKLOAD
+# (varied | multi-turn), on stdout.
+wrk_lua() {
+  "$py" -c "from bench.overhead import Bodies, wrk_script
+print(wrk_script('$1', Bodies(8192).base))"
+}
+
+# Wait (30 s at most) until the gateway on loopback PORT answers /ready with 200.
+wait_ready() {
+  "$py" -c "
+import httpx
+from bench.polling import wait_for
+def ready():
+    try:
+        return httpx.get('http://127.0.0.1:$1/ready').status_code == 200
+    except httpx.HTTPError:
+        return False
+wait_for(ready, 30, 'the gateway ready')"
+}
