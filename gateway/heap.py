@@ -18,9 +18,12 @@ collected. ``GcPauses`` exports every collection's pause as a histogram.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import logging
 import time
+from collections import deque
 
 from prometheus_client import CollectorRegistry, Histogram
 
@@ -42,11 +45,19 @@ def settle() -> int:
 # A young collection takes well under a millisecond; a full one of an unfrozen
 # gateway heap took ~100 ms.
 PAUSE_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+FLUSH_EVERY_S = 1.0
+MAX_BUFFERED_PAUSES = 4096  # young collections run hundreds of times a second under load
 
 
 class GcPauses:
     """``kvgate_gc_pause_seconds{generation}``: how long each cyclic collection held
-    the process (and so every request in flight), timed by ``gc.callbacks``."""
+    the process (and so every request in flight), timed by ``gc.callbacks``.
+
+    The callback only appends to a buffer; the histogram is updated from the event
+    loop every ``FLUSH_EVERY_S``. A collection starts at any allocation, also while
+    prometheus_client holds the non-reentrant lock of its multiprocess values (``--workers``):
+    creating a series allocates under it, and observing there waited on that lock
+    for ever (a worker hung for good)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         histogram = Histogram(
@@ -58,17 +69,42 @@ class GcPauses:
         )
         self._by_generation = [histogram.labels(str(g)) for g in range(3)]
         self._started = 0.0
+        # (generation, seconds) not yet observed; bounded: what overflows is dropped
+        self._paused: deque[tuple[int, float]] = deque(maxlen=MAX_BUFFERED_PAUSES)
+        self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
+        """Time collections from now on; flush every ``FLUSH_EVERY_S`` when called
+        from an event loop (else only ``flush`` observes them)."""
         if self._callback not in gc.callbacks:
             gc.callbacks.append(self._callback)
+        with contextlib.suppress(RuntimeError):  # no running loop
+            if self._task is None:
+                self._task = asyncio.get_running_loop().create_task(self._flush_forever())
 
-    def stop(self) -> None:
+    async def stop(self) -> None:
         if self._callback in gc.callbacks:
             gc.callbacks.remove(self._callback)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self.flush()
+
+    def flush(self) -> None:
+        """Observe the buffered pauses (never from inside a collection)."""
+        while self._paused:
+            generation, seconds = self._paused.popleft()
+            self._by_generation[generation].observe(seconds)
+
+    async def _flush_forever(self) -> None:
+        while True:
+            await asyncio.sleep(FLUSH_EVERY_S)
+            self.flush()
 
     def _callback(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self._started = time.perf_counter()
-        elif 0 <= info.get("generation", -1) <= 2:
-            self._by_generation[info["generation"]].observe(time.perf_counter() - self._started)
+        elif 0 <= (generation := info.get("generation", -1)) <= 2:
+            self._paused.append((generation, time.perf_counter() - self._started))

@@ -213,4 +213,4 @@ async def running_gateway(
             if tracing is not None:
                 await asyncio.to_thread(tracing.shutdown)  # exports what is buffered
             await loop_lag.stop()
-            gc_pauses.stop()
+            await gc_pauses.stop()

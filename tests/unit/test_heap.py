@@ -1,11 +1,14 @@
 """``gateway.heap.settle``: collect, then freeze the survivors out of the collector's walk."""
 
+import asyncio
 import gc
+import multiprocessing
 import weakref
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter
 
 from gateway import heap
+from gateway.server import use_multiprocess_metrics
 
 
 class Node:
@@ -49,16 +52,65 @@ def test_every_collection_is_timed_by_generation_until_stopped():
         pauses.start()  # once, however often started
         gc.collect(0)
         gc.collect()
+        pauses.flush()
         counts = {g: registry.get_sample_value("kvgate_gc_pause_seconds_count",
                                                {"generation": g}) for g in "012"}  # fmt: skip
         assert counts == {"0": 1.0, "1": 0.0, "2": 1.0}
         assert registry.get_sample_value("kvgate_gc_pause_seconds_sum", {"generation": "2"}) > 0
 
-        pauses.stop()
+        asyncio.run(pauses.stop())
         gc.collect()
+        pauses.flush()
         assert (
             registry.get_sample_value("kvgate_gc_pause_seconds_count", {"generation": "2"}) == 1.0
         )
     finally:
-        pauses.stop()
+        asyncio.run(pauses.stop())
         gc.enable()
+
+
+def _collect_while_metrics_are_locked(directory: str) -> None:
+    """A collection inside prometheus_client's multiprocess lock: a new series is
+    created under that (non-reentrant) lock and allocates, and with a threshold of 1
+    every allocation of a container collects."""
+    use_multiprocess_metrics(directory)
+    registry = CollectorRegistry()
+    pauses = heap.GcPauses(registry)
+    pauses.start()
+    counter = Counter("kvgate_gc_test", "x", ["n"], registry=registry)
+    gc.set_threshold(1)
+    for n in range(50):
+        counter.labels(str(n)).inc()
+    gc.set_threshold(700)
+    pauses.flush()
+
+
+def test_a_collection_inside_a_metrics_update_does_not_wait_on_the_metrics_lock(tmp_path):
+    """``--workers`` gateways hung for good when a collection started while
+    prometheus_client held its multiprocess lock and the pause was observed at once;
+    pauses wait in a buffer until ``flush``."""
+    child = multiprocessing.get_context("fork").Process(
+        target=_collect_while_metrics_are_locked, args=(str(tmp_path),)
+    )
+    child.start()
+    child.join(20)
+    hung = child.exitcode is None
+    if hung:
+        child.kill()
+    assert not hung and child.exitcode == 0
+
+
+async def test_pauses_reach_the_histogram_from_the_event_loop(monkeypatch):
+    monkeypatch.setattr(heap, "FLUSH_EVERY_S", 0.01)
+    registry = CollectorRegistry()
+    pauses = heap.GcPauses(registry)
+    pauses.start()
+    try:
+        gc.collect()
+        assert registry.get_sample_value(
+            "kvgate_gc_pause_seconds_count", {"generation": "2"}) == 0.0  # fmt: skip
+        await asyncio.sleep(0.1)
+        assert registry.get_sample_value(
+            "kvgate_gc_pause_seconds_count", {"generation": "2"}) >= 1.0  # fmt: skip
+    finally:
+        await pauses.stop()
