@@ -374,7 +374,8 @@ def run_overhead(
                     result = measure(name, pod, workload, pairs, seconds, connections,
                                      prompt_bytes, use_wrk)  # fmt: skip
                 except Exception as exc:  # a peer that will not install or start
-                    result = RouterResult(name, workload, note=str(exc).splitlines()[0][:120])
+                    said = str(exc).splitlines() or [type(exc).__name__]  # ReadTimeout: ""
+                    result = RouterResult(name, workload, note=said[0][:120])
                 report.results.append(result)
                 progress.advance(task)
     print_report(report, console)
