@@ -171,4 +171,22 @@ def use_multiprocess_metrics(directory: str) -> None:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
     from prometheus_client import values
 
-    values.ValueClass = values.MultiProcessValue()
+    # Every update checks for a fork by calling the process identifier: os.getpid(), a
+    # system call, was a third of an update's ~0.75 µs. The pid is read once instead,
+    # and again in a forked child.
+    values.ValueClass = values.MultiProcessValue(_this_pid)
+
+
+_pid = os.getpid()
+
+
+def _this_pid() -> int:
+    return _pid
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
