@@ -180,7 +180,7 @@ class KvIndex:
             log.debug("tokenization failed for %s: %r", model, exc)
             return None
         if self.peers is not None:
-            await self.peers.settle()  # the siblings' speculations and events, first
+            await self.peers.settle(keys)  # the siblings' speculations and events, first
         with span("kvgate.index_lookup"):
             match = await self.store.match(keys, self.block_size(base))
         return IndexAnswer(len(token_ids), keys, match)
@@ -322,9 +322,10 @@ def lora_of(model: str, pods: list[Pod]) -> tuple[str, str | None]:
 class IndexPeers(Protocol):
     """Sibling worker processes of this gateway (``gateway.siblings``)."""
 
-    async def settle(self) -> None:
-        """Apply what the siblings published since the last call: their speculations,
-        and the KV event bodies posted to them (awaited: a lookup right after a
+    async def settle(self, keys: Sequence[int]) -> None:
+        """Before a lookup of ``keys``: apply what the siblings published that it needs:
+        their speculations of chains that start as ``keys`` does, and the KV event
+        bodies posted to them (awaited: a lookup right after a
         sibling accepted events for a pod must see them)."""
 
     def speculated(self, pod: str, keys: Sequence[int]) -> None:

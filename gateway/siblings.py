@@ -18,6 +18,16 @@ answered a POST of events must see them) and every ``DRAIN_EVERY_S`` in the
 background. A speculation carries its deadline on the
 host's monotonic clock, so a late reader keeps it only for what is left.
 
+A sibling's speculation is kept as it came, under its chain's first key, until a
+lookup here starts with that key: block keys are chained, so a lookup shares a block
+with a speculated prefix only if it shares the first one. Only then is it written
+into the index. Most prompts are never looked up by a second worker within the
+speculation's few seconds, and writing each of them into a large index (three
+hash-table passes, a cache miss a key) was ~5% of each of two workers' CPU on new
+prompts (py-spy, ``WORKERS=2 bench/profile_gateway.sh kv-aware varied``). What waits
+is bounded in bytes (``MAX_PENDING_BYTES``, oldest first out); a head that is looked
+up writes all of its speculations, those past their deadline aside.
+
 With a Redis index only worker 0 writes KV events to Redis (``EventsWrittenElsewhere``
 wraps the others' Redis store): the same events from every worker would be the same
 writes N times over.
@@ -30,6 +40,7 @@ import contextlib
 import logging
 import struct
 import time
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,13 +58,26 @@ DRAIN_EVERY_S = 0.01
 # Longest a lookup waits for event bodies the siblings accepted to be applied here.
 SETTLE_TIMEOUT_S = 0.5
 MAX_QUEUED_BODIES = 256  # posted event bodies waiting to be applied here
+# Siblings' speculations waiting for a lookup of their first key here: ~500k keys,
+# a few seconds' worth at thousands of requests a second.
+MAX_PENDING_BYTES = 4 << 20
 _SPEC_HEAD = struct.Struct("<dH")  # deadline (monotonic s), pod name length
 _EVENTS_HEAD = struct.Struct("<HH")  # pod name length, content type length
+_KEY = struct.Struct("=Q")  # a key as encode_speculation packs it
 
 
 def encode_speculation(pod: str, keys: Sequence[int], deadline: float) -> bytes:
     name = pod.encode()
     return _SPEC_HEAD.pack(deadline, len(name)) + name + struct.pack(f"={len(keys)}Q", *keys)
+
+
+def speculation_head(payload: bytes) -> int | None:
+    """A speculation's first key (None: no keys), without decoding the rest."""
+    _, n = _SPEC_HEAD.unpack_from(payload)
+    at = _SPEC_HEAD.size + n
+    if len(payload) < at + _KEY.size:
+        return None
+    return int(_KEY.unpack_from(payload, at)[0])
 
 
 def decode_speculation(payload: bytes) -> tuple[str, list[int], float]:
@@ -96,6 +120,10 @@ class Siblings:
         self._bodies: asyncio.Queue[tuple[str, bytes, str]] = asyncio.Queue(MAX_QUEUED_BODIES)
         self._tasks: list[asyncio.Task[None]] = []
         self.bodies_dropped = 0  # queue full, or the pod unknown here
+        # first key -> siblings' speculations of chains starting with it, not yet applied
+        self._pending: OrderedDict[int, deque[bytes]] = OrderedDict()
+        self._pending_bytes = 0
+        self.speculations_dropped = 0  # pushed out by MAX_PENDING_BYTES before a lookup
         self._applying = False  # a body is being applied now
         # Called when a sibling asks every worker to reload (``gateway.reload`` sets it).
         self.on_reload: Callable[[], None] | None = None
@@ -105,8 +133,14 @@ class Siblings:
 
     # -- IndexPeers ---------------------------------------------------------------------
 
-    async def settle(self) -> None:
+    async def settle(self, keys: Sequence[int]) -> None:
         self.endpoint.drain()
+        if keys and self._pending:
+            held = self._pending.pop(keys[0], None)
+            if held is not None:
+                self._pending_bytes -= sum(map(len, held))
+                for payload in held:
+                    self._apply_speculation(payload)
         if self._bodies.qsize() or self._applying:
             # Event bodies a sibling accepted (its POST answered 200) are applied here
             # before this lookup; bounded, so a stuck store cannot hold requests.
@@ -134,6 +168,27 @@ class Siblings:
             self.on_reload()
 
     def _on_speculation(self, sender: int, payload: bytes) -> None:
+        """Keep it for a lookup of its first key (see the module docstring)."""
+        first = speculation_head(payload)
+        if first is None:
+            return
+        held = self._pending.get(first)
+        if held is None:
+            self._pending[first] = deque((payload,))
+        else:
+            # A busy head: what expired goes first (deadlines grow in arrival order).
+            now = time.monotonic()
+            while held and _SPEC_HEAD.unpack_from(held[0])[0] <= now:
+                self._pending_bytes -= len(held.popleft())
+            held.append(payload)
+            self._pending.move_to_end(first)
+        self._pending_bytes += len(payload)
+        while self._pending_bytes > MAX_PENDING_BYTES and self._pending:
+            _, dropped = self._pending.popitem(last=False)
+            self._pending_bytes -= sum(map(len, dropped))
+            self.speculations_dropped += len(dropped)
+
+    def _apply_speculation(self, payload: bytes) -> None:
         pod, keys, deadline = decode_speculation(payload)
         left = deadline - time.monotonic()
         if left > 0:
@@ -190,6 +245,9 @@ class Siblings:
         return {
             "siblings.bodies_queued": Bound(
                 self._bodies.qsize(), MAX_QUEUED_BODIES, "bodies", ring // 2
+            ),  # fmt: skip
+            "siblings.speculations_pending": Bound(
+                self._pending_bytes, MAX_PENDING_BYTES, "bytes", 1
             ),  # fmt: skip
         }
 

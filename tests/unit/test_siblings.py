@@ -1,5 +1,6 @@
 """What one worker tells its siblings: its speculations (memory index) reach their
-indexes, with what is left of the TTL; with Redis they are not sent (Redis has them)."""
+indexes, with what is left of the TTL, when a lookup there starts with the same first
+key; with Redis they are not sent (Redis has them)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gateway import siblings
 from gateway.config import PodConfig, Settings
 from gateway.host_bus import HostBus
 from gateway.kv import KvIndex
@@ -58,7 +60,7 @@ async def workers():
 async def test_a_speculation_by_one_worker_is_in_the_others_index_at_its_next_lookup(workers):
     a, b = workers
     a.speculate("pod-x", KEYS[:5])
-    await b.peers.settle()  # what KvIndex.lookup does first
+    await b.peers.settle(KEYS)  # what KvIndex.lookup does first
 
     match = await b.store.match(KEYS, 16)
     assert match.pods == {"pod-x": PodPrefix(5, 5)}
@@ -67,8 +69,52 @@ async def test_a_speculation_by_one_worker_is_in_the_others_index_at_its_next_lo
 async def test_a_speculation_drained_after_its_ttl_is_dropped(workers):
     a, b = workers
     a.peers.endpoint.publish(1, encode_speculation("pod-x", KEYS, time.monotonic() - 0.01))
-    await b.peers.settle()
+    await b.peers.settle(KEYS)
     assert (await b.store.match(KEYS, 16)).pods == {}
+
+
+async def test_a_speculation_waits_unapplied_until_a_lookup_shares_its_first_key(workers):
+    a, b = workers
+    other = [0xCD00 + i for i in range(8)]
+    a.speculate("pod-x", KEYS[:5])
+    a.speculate("pod-y", other[:3])
+
+    await b.peers.settle(other)  # a lookup of another chain: only that one is written
+    assert (await b.store.match(KEYS, 16)).pods == {}
+    assert (await b.store.match(other, 16)).pods == {"pod-y": PodPrefix(3, 3)}
+    assert b.peers.bounds()["siblings.speculations_pending"].size > 0
+
+    await b.peers.settle(KEYS[:2])  # shares the first key: the longer speculation counts
+    assert (await b.store.match(KEYS, 16)).pods == {"pod-x": PodPrefix(5, 5)}
+    assert b.peers.bounds()["siblings.speculations_pending"].size == 0
+
+
+async def test_speculations_waiting_for_a_lookup_stay_within_their_byte_bound(workers, monkeypatch):
+    a, b = workers
+    size = len(encode_speculation("pod-x", KEYS, 0.0))
+    monkeypatch.setattr(siblings, "MAX_PENDING_BYTES", 3 * size)
+    heads = [[0xE000 + 16 * i + j for j in range(8)] for i in range(5)]
+    for keys in heads:
+        a.speculate("pod-x", keys)
+    b.peers.endpoint.drain()
+
+    assert b.peers.bounds()["siblings.speculations_pending"].size == 3 * size
+    assert b.peers.speculations_dropped == 2
+    await b.peers.settle(heads[0])  # the oldest went first
+    assert (await b.store.match(heads[0], 16)).pods == {}
+    await b.peers.settle(heads[4])
+    assert (await b.store.match(heads[4], 16)).pods == {"pod-x": PodPrefix(8, 8)}
+
+
+async def test_a_busy_first_key_sheds_its_expired_speculations(workers):
+    a, b = workers
+    for _ in range(3):
+        a.peers.endpoint.publish(1, encode_speculation("pod-x", KEYS, time.monotonic() - 1))
+    a.speculate("pod-y", KEYS[:4])
+    b.peers.endpoint.drain()
+
+    pending = b.peers.bounds()["siblings.speculations_pending"].size
+    assert pending == len(encode_speculation("pod-y", KEYS[:4], 0.0))
 
 
 async def test_a_posted_event_body_is_in_the_siblings_index_at_its_next_lookup(workers):
@@ -82,7 +128,7 @@ async def test_a_posted_event_body_is_in_the_siblings_index_at_its_next_lookup(w
     await b.peers.start()
     try:
         keys = b.keyer("m").keys_for(tokens, None, None)
-        await b.peers.settle()  # what KvIndex.lookup does first: no waiting, no polling
+        await b.peers.settle(keys)  # what KvIndex.lookup does first: no waiting, no polling
 
         assert (await b.store.match(keys, 16)).pods == {"p": PodPrefix(2, 2)}
     finally:
