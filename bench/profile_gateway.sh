@@ -6,6 +6,7 @@
 #
 #   bench/profile_gateway.sh STRATEGY [varied|multi-turn] [OUT.txt]
 #   KVGATE_TREE=../kvgate-3da02ca bench/profile_gateway.sh ...   # an older checkout's gateway
+#   WORKERS=2 bench/profile_gateway.sh ...   # `--workers 2`: both workers sampled together
 #
 # Needs wrk and py-spy (`make test` installs both: wrk from Debian, py-spy with the
 # bench extra).
@@ -30,7 +31,7 @@ if [[ -n "${KVGATE_TREE:-}" ]]; then
   (cd "$KVGATE_TREE" && exec "$OLDPWD/$py" -m gateway.cli serve --port "$gw_port" \
     --pod "zero=http://127.0.0.1:$pod_port" --strategy "$strategy" --log-level warning) &
 else
-  "$py" -m cli serve --port "$gw_port" --admin-port "$admin_port" --workers 1 \
+  "$py" -m cli serve --port "$gw_port" --admin-port "$admin_port" --workers "${WORKERS:-1}" \
     --pod "zero=http://127.0.0.1:$pod_port" --strategy "$strategy" --log-level warning &
 fi
 gw=$!
@@ -39,7 +40,8 @@ wrk_lua "$workload" > "$lua"
 wait_ready "$gw_port"
 wrk -t2 -c32 -d12s -s "$lua" "http://127.0.0.1:$gw_port/v1/chat/completions" > "$out.wrk" &
 sleep 1
-"$spy" record -p "$gw" -d 8 -r 200 -f raw -o "$out" --nonblocking > /dev/null 2>&1
+"$spy" record -p "$gw" -d 8 -r 200 -f raw -o "$out" --nonblocking \
+  $([[ "${WORKERS:-1}" != 1 ]] && echo --subprocesses) > /dev/null 2>&1
 wait %3 2>/dev/null || sleep 4
 grep -E "Requests/sec|Non-2xx" "$out.wrk" || true
 "$py" -m bench.pyspy_top "$out"
