@@ -122,7 +122,12 @@ class PromptTokens:
         self._engines.pop(name, None)
 
     def bounds(self) -> dict[str, Bound]:
-        return {f"token_cache[{m}]": tok.cache.bound() for m, tok in self._tokenizers.items()}
+        out = {f"token_cache[{m}]": tok.cache.bound() for m, tok in self._tokenizers.items()}
+        for m, tok in self._tokenizers.items():
+            words = tok.incremental.segmenter.words if tok.incremental is not None else None
+            if words is not None:
+                out[f"word_cache[{m}]"] = words.bound()
+        return out
 
     def _engine_for(self, pod: Pod) -> EngineTokenizer:
         eng = self._engines.get(pod.name)

@@ -48,6 +48,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvindex.tokenization.words import WordIds
+
 DEFAULT_CHUNK_CHARS = 1024  # ~400 tokens re-encoded at most where a long piece changes
 BATCH_CHARS = 2048  # characters per encode call (~0.5 ms of work on one core)
 
@@ -120,6 +122,8 @@ class Segmenter:
         self.around = around  # ids add_special_tokens puts before and after; None: unknown
         self.chunk_chars = chunk_chars
         self.head_matters = elsewhere is not tokenizer
+        # plain ASCII pieces from a cache of their words (``words``); None: whole pieces
+        self.words: WordIds | None = None
 
     @classmethod
     def for_tokenizer(
@@ -151,6 +155,8 @@ class Segmenter:
             elsewhere = type(tokenizer).from_str(json.dumps(_never_prepend(cfg)))
         seams = not has_normalized and _seam_safe(cfg)
         seg = cls(tokenizer, elsewhere, added, seams, None, chunk_chars)
+        if seams and not seg.head_matters:
+            seg.words = WordIds.for_tokenizer(tokenizer, cfg)
         reference = reference or (lambda t, s: tokenizer.encode(t, add_special_tokens=s).ids)
         seg.around = seg._find_around(reference)
         seg._check(reference, added)
@@ -200,6 +206,8 @@ class Segmenter:
         starts the whole text. CPU work that drops the GIL (``encode_batch``)."""
         if not pieces:
             return []
+        if self.words is not None:  # byte-level BPE: no head to mind
+            return self.words.encode(pieces, lambda rest: self._batch(self._elsewhere, rest))
         if head_first and self.head_matters:
             return self._batch(self._tokenizer, pieces[:1]) + self._batch(
                 self._elsewhere, pieces[1:]

@@ -30,3 +30,16 @@ async def test_a_removed_pod_leaves_no_load_counters_or_metric_series(pod_a, pod
         assert "pod-a" not in exposition
         assert "pod-a" not in g.gw.router.core.load
         assert g.metric("kvgate_requests_total", pod="pod-b") == 1
+
+
+async def test_a_local_tokenizers_caches_are_listed_with_what_they_hold(pod_a):
+    from bench.tinymodel import ensure_tokenizer
+    from tests.inproc.scripted_pod import MODEL
+
+    models = {MODEL: {"block_size": 32, "tokenizer": str(ensure_tokenizer())}}
+    async with inproc_gateway(pod_a, strategy="kv-aware", models=models) as g:
+        assert (await g.chat()).status_code == 200
+        structures = (await g.admin.get("/admin/bounds")).json()["structures"]
+        words = structures[f"word_cache[{MODEL}]"]
+        assert words["capacity"] == 50_000 and words["size"] > 0  # the chat's words
+        assert structures[f"token_cache[{MODEL}]"]["size"] > 0
