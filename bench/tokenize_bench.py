@@ -17,25 +17,34 @@ Three tables, on the tiny model's tokenizer (byte-level BPE, ChatML template):
   ``tokens``-token prompts are tokenized back to back beside it, all new (their
   cache keeps nothing), through the segment cache or whole as before it. The
   difference in the short requests' time is what a long prompt adds to its
-  neighbours.
+  neighbours;
+* **new text**, µs per KB of text no segment cache holds, encoded whole by the Rust
+  tokenizer and through the word cache (``kvindex/tokenization/words.py``), over
+  the first and second half of each kind of text: the overhead benchmark's words,
+  this repository's docs and Python source in 1 KB pieces, and random letters.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import random
 import statistics
+import string
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from tokenizers import Tokenizer
 
 from bench.prompts import text_of_tokens
 from bench.tinymodel import ensure_tokenizer
 from kvindex.tokenization import ChatPrompt, LocalTokenizer, Tokenization
+from kvindex.tokenization.segments import Segmenter
 
 SHORT = [{"role": "user", "content": "What is a prefix cache? Answer in one line."}]
 
@@ -198,6 +207,58 @@ async def _interference(local: LocalTokenizer, tokens: int, seconds: float) -> l
     return out
 
 
+def _pieces_of(paths: list[Path], limit: int = 600) -> list[str]:
+    text = "".join(c for p in paths for c in p.read_text() if c.isascii())
+    return [text[i : i + 1024] for i in range(0, len(text) - 1024, 1024)][:limit]
+
+
+def measure_new_text() -> list[tuple[str, int, float, float, float]]:
+    """(kind, pieces, whole µs/KB, word cache µs/KB first half, second half)."""
+    from bench.overhead import _text
+
+    root = Path(__file__).resolve().parent.parent
+    rng = random.Random(0)
+    letters = [" ".join("".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 9)))
+                        for _ in range(180)) for _ in range(600)]  # fmt: skip
+    kinds = {
+        "the overhead benchmark's words": [_text(rng, 1024) for _ in range(600)],
+        "docs/*.md": _pieces_of(sorted((root / "docs").glob("*.md"))),
+        "gateway/*.py": _pieces_of(sorted((root / "gateway").glob("*.py"))),
+        "random letters": letters,
+    }
+    backend = Tokenizer.from_file(str(ensure_tokenizer() / "tokenizer.json"))
+    # as `kvgate serve` runs: a batch call of a few words on the rayon pool costs more
+    # in waking its threads than in encoding
+    parallelism = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        return [_new_text_row(backend, kind, pieces) for kind, pieces in kinds.items()]
+    finally:
+        if parallelism is None:
+            del os.environ["TOKENIZERS_PARALLELISM"]
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = parallelism
+
+
+def _new_text_row(
+    backend: Tokenizer, kind: str, pieces: list[str]
+) -> tuple[str, int, float, float, float]:
+    whole = Segmenter.for_tokenizer(backend)
+    whole.words = None
+    cached = Segmenter.for_tokenizer(backend)
+    started = time.perf_counter()
+    for piece in pieces:
+        whole.encode([piece])
+    whole_us = (time.perf_counter() - started) / (sum(map(len, pieces)) / 1024) * 1e6
+    halves = []
+    for part in (pieces[: len(pieces) // 2], pieces[len(pieces) // 2 :]):
+        started = time.perf_counter()
+        for piece in part:
+            cached.encode([piece])
+        halves.append((time.perf_counter() - started) / (sum(map(len, part)) / 1024) * 1e6)
+    return kind, len(pieces), whole_us, halves[0], halves[1]
+
+
 def run_tokenize_bench(
     tokens: int = 32768, repeats: int = 5, seconds: float = 5.0, console: Console | None = None
 ) -> None:
@@ -224,3 +285,9 @@ def run_tokenize_bench(
                       f"{r.max_ms:.3f}", str(r.long_prompts))  # fmt: skip
     table.caption = f"load average {load} (1/5/15 min) at the start; {os.cpu_count()} CPUs"
     console.print(table)
+    words = Table(title="New text, 1 KB pieces: µs per KB, whole and from the word cache")
+    for col in ("text", "pieces", "whole", "word cache, 1st half", "2nd half"):
+        words.add_column(col, justify="right" if col != "text" else "left")
+    for kind, n, whole_us, first, second in measure_new_text():
+        words.add_row(kind, str(n), f"{whole_us:.0f}", f"{first:.0f}", f"{second:.0f}")
+    console.print(words)
