@@ -48,6 +48,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvindex.tokenization.pretokenizers import byte_level_pattern
 from kvindex.tokenization.words import WordIds
 
 DEFAULT_CHUNK_CHARS = 1024  # ~400 tokens re-encoded at most where a long piece changes
@@ -67,21 +68,6 @@ _POST_PROCESSORS = frozenset(
 )
 _MODELS = frozenset({"BPE", "Unigram", "WordLevel", "WordPiece"})
 
-# Split patterns (as in tokenizer.json) whose pre-tokens never cross a space between
-# ASCII letters; the byte-level pre-tokenizer's own (use_regex) is GPT-2's.
-_SEAM_SAFE_SPLITS = frozenset(
-    {
-        # Llama 3 (and the GPT-4 "cl100k" split)
-        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-        r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-        # Qwen 2, 2.5 and 3
-        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-        r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-        # Qwen 3.5
-        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
-        r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    }
-)
 _SEAM = re.compile(r"(?<=[A-Za-z]) (?=[A-Za-z])")
 _PROBES = ("a", "", "Hello world", " two  spaces\n", "é ü 字")
 Encode = Callable[[str, bool], list[int]]  # text, add_special_tokens -> ids
@@ -321,23 +307,11 @@ def _never_prepend(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _seam_safe(cfg: dict[str, Any]) -> bool:
+    """A known byte-level BPE pre-tokenizer (``pretokenizers``: each of their patterns
+    starts a pre-token at a space before a letter), no normaliser but NFC."""
     norm = cfg.get("normalizer")
     if norm and norm.get("type") != "NFC":
         return False
     if (cfg.get("model") or {}).get("type") != "BPE":
         return False
-    pre = cfg.get("pre_tokenizer") or {}
-    if pre.get("type") == "ByteLevel":
-        return bool(pre.get("use_regex", True))
-    members = pre.get("pretokenizers") or []
-    if pre.get("type") != "Sequence" or len(members) != 2:
-        return False
-    split, byte_level = members
-    return (
-        split.get("type") == "Split"
-        and split.get("behavior") == "Isolated"
-        and not split.get("invert")
-        and (split.get("pattern") or {}).get("Regex") in _SEAM_SAFE_SPLITS
-        and byte_level.get("type") == "ByteLevel"
-        and not byte_level.get("use_regex", True)
-    )
+    return byte_level_pattern(cfg.get("pre_tokenizer")) is not None

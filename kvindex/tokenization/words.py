@@ -30,6 +30,14 @@ from collections.abc import Callable, Sequence
 from itertools import accumulate, chain
 from typing import Any
 
+from kvindex.tokenization.pretokenizers import (
+    GPT2,
+    LLAMA3,
+    QWEN2,
+    QWEN35,
+    adds_prefix_space,
+    byte_level_pattern,
+)
 from kvindex.types import Bound
 
 DEFAULT_CAPACITY = 50_000  # words; ~200 B each with its ids (10 MB at most)
@@ -47,24 +55,17 @@ NOVELTY_WEIGHT = 0.1
 EXPLORE_EVERY = 64
 
 # The tokenizer's pattern -> its spelling for ASCII text (Python ``re``, ASCII mode).
-_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 _ASCII_PATTERNS = {
-    _GPT2: r"'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+",
-    # Llama 3
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": (
+    GPT2: r"'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+",
+    LLAMA3: (
         r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\nA-Za-z0-9]?[A-Za-z]+|[0-9]{1,3}"
         r"| ?[^\sA-Za-z0-9]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
     ),
-    # Qwen 2, 2.5 and 3
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": (
+    QWEN2: (
         r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\nA-Za-z0-9]?[A-Za-z]+|[0-9]"
         r"| ?[^\sA-Za-z0-9]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
     ),
-    # Qwen 3.5
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
-    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": (
+    QWEN35: (
         r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\nA-Za-z0-9]?[A-Za-z]+|[0-9]"
         r"| ?[^\sA-Za-z0-9]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
     ),
@@ -90,25 +91,11 @@ def ascii_pattern(cfg: dict[str, Any]) -> str | None:
         return None
     if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
         return None
-    pre = cfg.get("pre_tokenizer") or {}
-    if pre.get("type") == "ByteLevel":
-        if pre.get("add_prefix_space") or not pre.get("use_regex", True):
-            return None
-        return _ASCII_PATTERNS[_GPT2]
-    members = pre.get("pretokenizers") or []
-    if pre.get("type") != "Sequence" or len(members) != 2:
+    pre = cfg.get("pre_tokenizer")
+    if adds_prefix_space(pre):
         return None
-    split, byte_level = members
-    if (
-        split.get("type") != "Split"
-        or split.get("behavior") != "Isolated"
-        or split.get("invert")
-        or byte_level.get("type") != "ByteLevel"
-        or byte_level.get("use_regex", True)
-        or byte_level.get("add_prefix_space")
-    ):
-        return None
-    return _ASCII_PATTERNS.get((split.get("pattern") or {}).get("Regex"))
+    pattern = byte_level_pattern(pre)
+    return None if pattern is None else _ASCII_PATTERNS[pattern]
 
 
 class WordIds:
