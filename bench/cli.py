@@ -35,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=float, default=8.0, help="wrk duration per router")
     p.add_argument("--connections", type=int, default=32)
     p.add_argument("--prompt-bytes", type=int, default=8192)
+    p.add_argument("--runs", type=int, default=1,
+                   help="rounds over every router; with several, the report adds each "
+                   "column's median and worst and the targets met per run")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("reports/overhead"))
     p.set_defaults(bench_func=_overhead)
     _add_quick(sub)
@@ -315,7 +318,7 @@ def _overhead(args: argparse.Namespace) -> int:
             raise SystemExit(f"unknown peer {name!r}; known: {', '.join(PEERS)}")
         routers.append(f"{name}:{policy or PEERS[name].policy}")
     report = run_overhead(routers, args.out, args.pairs, args.seconds, args.connections,
-                          args.prompt_bytes)  # fmt: skip
+                          args.prompt_bytes, runs=args.runs)  # fmt: skip
     return 0 if all(r.errors == 0 and not r.note for r in report.results) else 1
 
 

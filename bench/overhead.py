@@ -71,6 +71,7 @@ class RouterResult:
     # kvgate only: CPU seconds its processes (all workers) spent per request under wrk, in
     # ms; what bounds req/s when cores are free (N workers: N cores / this).
     cpu_ms: float = float("nan")
+    run: int = 0  # which of ``--runs`` rounds measured it
 
 
 @dataclass
@@ -81,6 +82,7 @@ class OverheadReport:
     prompt_bytes: int
     results: list[RouterResult] = field(default_factory=list)
     wrk: bool = True
+    runs: int = 1
 
 
 def _text(rng: random.Random, n_bytes: int) -> str:
@@ -299,10 +301,10 @@ async def python_rps(url: str, bodies: Bodies, workload: str, seconds: float,
 
 def measure(
     name: str, pod: str, workload: str, pairs: int, seconds: float, connections: int,
-    prompt_bytes: int, use_wrk: bool,
+    prompt_bytes: int, use_wrk: bool, run: int = 0,
 ) -> RouterResult:  # fmt: skip
-    result = RouterResult(name, workload)
-    bodies = Bodies(prompt_bytes, seed=hash(name) & 0xFFFF)
+    result = RouterResult(name, workload, run=run)
+    bodies = Bodies(prompt_bytes, seed=(hash(name) + 7919 * run) & 0xFFFF)  # fresh per run
     with router(name, pod) as url:
         diffs = asyncio.run(paired(pod, url, bodies, workload, pairs, stream=False))
         result.added_p50_ms, result.added_p99_ms = percentile(diffs, 50), percentile(diffs, 99)
@@ -347,7 +349,10 @@ def run_overhead(
     connections: int = 32,
     prompt_bytes: int = 8192,
     console: Console | None = None,
+    runs: int = 1,
 ) -> OverheadReport:
+    """Measure every router (``runs`` rounds of all of them: a round measures each router
+    once, so drift in the machine's speed falls on every router alike)."""
     console = console or Console(width=140)
     use_wrk = shutil.which("wrk") is not None
     if not use_wrk:
@@ -362,20 +367,21 @@ def run_overhead(
             direct_rps, _ = asyncio.run(python_rps(f"{pod}/v1/chat/completions",
                                                    Bodies(prompt_bytes), "varied", seconds,
                                                    connections))  # fmt: skip
-        report = OverheadReport(direct_rps, connections, seconds, prompt_bytes, wrk=use_wrk)
+        report = OverheadReport(direct_rps, connections, seconds, prompt_bytes, wrk=use_wrk,
+                                runs=runs)  # fmt: skip
         cells = [(r, "varied") for r in routers]
         cells += [(r, "multi-turn") for r in routers if r.startswith("kvgate:")
                   and r.split(":")[1].split("@")[0] in ("kv-aware", "prefix-aware")]  # fmt: skip
         with Progress(console=console, transient=True) as progress:
-            task = progress.add_task("routers", total=len(cells))
-            for name, workload in cells:
-                progress.update(task, description=f"{name} {workload}")
+            task = progress.add_task("routers", total=len(cells) * runs)
+            for run, (name, workload) in ((k, c) for k in range(runs) for c in cells):
+                progress.update(task, description=f"run {run + 1}/{runs}: {name} {workload}")
                 try:
                     result = measure(name, pod, workload, pairs, seconds, connections,
-                                     prompt_bytes, use_wrk)  # fmt: skip
+                                     prompt_bytes, use_wrk, run)  # fmt: skip
                 except Exception as exc:  # a peer that will not install or start
                     said = str(exc).splitlines() or [type(exc).__name__]  # ReadTimeout: ""
-                    result = RouterResult(name, workload, note=said[0][:120])
+                    result = RouterResult(name, workload, note=said[0][:120], run=run)
                 report.results.append(result)
                 progress.advance(task)
     print_report(report, console)
@@ -386,18 +392,39 @@ def run_overhead(
 def print_report(report: OverheadReport, console: Console) -> None:
     table = Table(title=f"Router overhead, zero-latency backend, ~{report.prompt_bytes // 1024} KB "
                   f"chat bodies (direct: {report.direct_rps:,.0f} req/s)")  # fmt: skip
-    for col in ("router", "workload", "added p50 ms", "added p99 ms", "stream TTFT added ms",
-                f"req/s @ {report.connections} conns", "CPU ms/req", "note"):  # fmt: skip
+    several = report.runs > 1
+    for col in ("run",) * several + ("router", "workload", "added p50 ms", "added p99 ms",
+                "stream TTFT added ms", f"req/s @ {report.connections} conns", "CPU ms/req",
+                "note"):  # fmt: skip
         table.add_column(col, justify="left" if col in ("router", "workload", "note") else "right")
     for r in report.results:
-        table.add_row(r.router, r.workload, f"{r.added_p50_ms:+.2f}", f"{r.added_p99_ms:+.2f}",
+        table.add_row(*(str(r.run + 1),) * several, r.router, r.workload,
+                      f"{r.added_p50_ms:+.2f}", f"{r.added_p99_ms:+.2f}",
                       f"{r.stream_ttft_added_ms:+.2f}", f"{r.rps:,.0f}", _cpu(r),
                       r.note or (f"{r.errors} non-2xx" if r.errors else ""))  # fmt: skip
     console.print(table)
+    if several:
+        from bench.overhead_summary import markdown
+
+        console.print("\n".join(markdown(report.results, report.runs)), markup=False)
 
 
 def _cpu(r: RouterResult) -> str:
     return f"{r.cpu_ms:.2f}" if r.cpu_ms == r.cpu_ms else ""
+
+
+def _medians(results: list[RouterResult]) -> list[RouterResult]:
+    """One result per router and workload, each column its median over the runs."""
+    from bench.overhead_summary import COLUMNS, cells, median_and_worst, per_run
+
+    out = []
+    for router, workload in cells(results):
+        med = RouterResult(router, workload)
+        for _, attr, lower in COLUMNS:
+            values = list(per_run(results, router, workload, attr).values())
+            setattr(med, attr, median_and_worst(values, lower)[0])
+        out.append(med)
+    return out
 
 
 def write_report(report: OverheadReport, out: Path) -> Path:
@@ -409,6 +436,8 @@ def write_report(report: OverheadReport, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(asdict(report), indent=1))
     ok = [r for r in report.results if r.rps == r.rps]
+    if report.runs > 1:
+        ok = _medians(ok)
     labels = [f"{r.router}\n{r.workload}" for r in ok]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     ax1.barh(labels, [r.added_p50_ms for r in ok], label="p50")
@@ -418,7 +447,8 @@ def write_report(report: OverheadReport, out: Path) -> Path:
     ax1.legend(fontsize=8)
     ax2.barh(labels, [r.rps for r in ok])
     ax2.axvline(report.direct_rps, color="k", linestyle="--", label="direct")
-    ax2.set_xlabel(f"requests/s at {report.connections} connections")
+    ax2.set_xlabel(f"requests/s at {report.connections} connections"
+                   + (f" (median of {report.runs} runs)" if report.runs > 1 else ""))  # fmt: skip
     ax2.legend(fontsize=8)
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
@@ -435,11 +465,11 @@ def write_report(report: OverheadReport, out: Path) -> Path:
         f"{report.connections} connections for {report.seconds:g} s. Direct: "
         f"{report.direct_rps:,.0f} req/s.",
         "",
-        "| router | workload | added p50 ms | added p99 ms | stream TTFT added ms | req/s | "
-        "CPU ms/req | note |",
-        "|---|---|---|---|---|---|---|---|",
-        *(f"| {r.router} | {r.workload} | {r.added_p50_ms:+.2f} | {r.added_p99_ms:+.2f} | "
-          f"{r.stream_ttft_added_ms:+.2f} | {r.rps:,.0f} | {_cpu(r)} | "
+        "| run | router | workload | added p50 ms | added p99 ms | stream TTFT added ms | "
+        "req/s | CPU ms/req | note |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *(f"| {r.run + 1} | {r.router} | {r.workload} | {r.added_p50_ms:+.2f} | "
+          f"{r.added_p99_ms:+.2f} | {r.stream_ttft_added_ms:+.2f} | {r.rps:,.0f} | {_cpu(r)} | "
           f"{r.note or (f'{r.errors} non-2xx' if r.errors else '')} |" for r in report.results),
         "",
         "*CPU ms/req*: kvgate's processes (all workers) per request during the req/s run; "
@@ -447,6 +477,10 @@ def write_report(report: OverheadReport, out: Path) -> Path:
         "",
         "![overhead](overhead.png)",
     ]  # fmt: skip
+    if report.runs > 1:
+        from bench.overhead_summary import markdown
+
+        lines[-1:-1] = [*markdown(report.results, report.runs), ""]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path

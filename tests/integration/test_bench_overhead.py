@@ -42,3 +42,13 @@ def test_a_short_overhead_run_measures_every_column(tmp_path):
         assert math.isfinite(value)
     assert result.rps > 0 and report.direct_rps > 0
     assert (tmp_path / "report.md").exists() and (tmp_path / "overhead.png").exists()
+
+
+def test_several_runs_give_fresh_prompts_and_a_summary_of_medians_and_worsts(tmp_path):
+    report = run_overhead(["kvgate:round-robin"], tmp_path, pairs=6, seconds=1, connections=4,
+                          console=Console(quiet=True), runs=2)  # fmt: skip
+    assert [r.run for r in report.results] == [0, 1]
+    assert all(r.errors == 0 and not r.note and r.rps > 0 for r in report.results)
+    text = (tmp_path / "report.md").read_text()
+    assert "## Over 2 runs: median (worst)" in text
+    assert "| round-robin: added p50 <= 0.5 ms |" in text and " of 2 |" in text
