@@ -439,7 +439,7 @@ def write_report(report: OverheadReport, out: Path) -> Path:
     if report.runs > 1:
         ok = _medians(ok)
     labels = [f"{r.router}\n{r.workload}" for r in ok]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, max(4.2, 0.45 * len(ok))))
     ax1.barh(labels, [r.added_p50_ms for r in ok], label="p50")
     ax1.barh(labels, [r.added_p99_ms - r.added_p50_ms for r in ok],
              left=[r.added_p50_ms for r in ok], alpha=0.5, label="p99")  # fmt: skip
