@@ -8,17 +8,21 @@ prompts did not have; a tokenizer that cannot be segmented is cached by whole
 prompt), and of the canonical request for the engine. Only hashes and token ids
 are kept, never prompt text.
 
-Encoding is CPU work (~0.25 µs per character on a 2-core VM; the Rust tokenizer drops
-the GIL in ``encode_batch``, which the transformers call and the segmented path use, but
-not in ``Tokenizer.encode``), so text to encode longer than ``offload_chars`` is encoded
-in a worker thread, and a chat whose rendering costs as much (``render_cost_chars``) is
-rendered there; less runs inline, where a thread hop would cost more than the work.
+Encoding is CPU work (~0.25 µs per character on a 2-core VM for new words, a seventh of
+that for words the word cache knows; the Rust tokenizer drops the GIL in
+``encode_batch``, which the transformers call and the segmented path use, but not in
+``Tokenizer.encode``). A segmented prompt's new text is encoded in a worker thread when
+encoding it inline would hold the event loop too long (``offload.OffloadPolicy``, from
+the measured cost per character; always above ``offload_max_chars``, never up to
+``offload_chars``); a whole-prompt encode longer than ``offload_chars`` goes to a
+thread, and so does a chat whose rendering costs as much (``render_cost_chars``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from array import array
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,8 +33,9 @@ import xxhash
 from kvindex.lru import BoundedLRU
 from kvindex.tokenization.engine import EngineTokenizeError, EngineTokenizer
 from kvindex.tokenization.errors import UnsupportedPrompt
-from kvindex.tokenization.incremental import IncrementalEncoder
+from kvindex.tokenization.incremental import IncrementalEncoder, Plan
 from kvindex.tokenization.local import LocalTokenizer
+from kvindex.tokenization.offload import DEFAULT_MAX_CHARS, DEFAULT_MIN_CHARS, OffloadPolicy
 from kvindex.tokenization.prompt import ChatPrompt
 from kvindex.types import Bound
 
@@ -40,7 +45,7 @@ TOKEN_BYTES = 4  # uint32 ids
 # An entry's own memory (LRU node, 16-byte key, array header: ~200 B, tracemalloc) in
 # tokens, counted against the capacity: a cache of short segments stays within it too.
 ENTRY_TOKENS = 50
-DEFAULT_OFFLOAD_CHARS = 2048  # ~1 ms of encoding: above this a thread hop pays off
+DEFAULT_OFFLOAD_CHARS = DEFAULT_MIN_CHARS  # ~0.5 ms of encoding new words
 
 
 class TokenizationError(RuntimeError):
@@ -115,6 +120,7 @@ class Tokenization:
         engine: EngineTokenizer | None = None,
         cache_tokens: int = DEFAULT_CACHE_TOKENS,
         offload_chars: int = DEFAULT_OFFLOAD_CHARS,
+        offload_max_chars: int = DEFAULT_MAX_CHARS,
     ) -> None:
         if mode == "local" and local is None:
             raise ValueError("mode 'local' needs a LocalTokenizer")
@@ -124,6 +130,7 @@ class Tokenization:
         self.engine = engine
         self.cache = TokenCache(cache_tokens, ENTRY_TOKENS)
         self.offload_chars = offload_chars
+        self.offload = OffloadPolicy(offload_chars, offload_max_chars)
         self.stats = TokenizationStats()
         self.incremental = (
             IncrementalEncoder.for_backend(self.local.backend, self.cache, self.local.encode)
@@ -213,11 +220,14 @@ class Tokenization:
         self.stats.local += 1
         chars = plan.missing_chars
         self.stats.encoded_chars += chars
-        if chars > self.offload_chars:
-            self.stats.offloaded += 1
-            encoded = await asyncio.to_thread(inc.encode, plan)
-        else:
+        if self.offload.inline(chars):
+            started = time.perf_counter()
             encoded = inc.encode(plan)
+            seconds = time.perf_counter() - started
+        else:
+            self.stats.offloaded += 1
+            encoded, seconds = await asyncio.to_thread(_encode_timed, inc, plan)
+        self.offload.observe(chars, seconds)
         return inc.finish(plan, encoded)
 
     async def _via_engine(
@@ -236,6 +246,14 @@ class Tokenization:
         self.stats.engine += 1
         self.cache.put(key, ids)
         return ids
+
+
+def _encode_timed(inc: IncrementalEncoder, plan: Plan) -> tuple[list[list[int]], float]:
+    """``inc.encode(plan)`` in a worker thread, with the thread's CPU time for it (its
+    wall time would also count waiting for the GIL)."""
+    started = time.thread_time()
+    encoded = inc.encode(plan)
+    return encoded, time.thread_time() - started
 
 
 # Rendering costs ~4 µs a message (normalising it, one pass of the template's loop) and

@@ -78,7 +78,7 @@ async def test_repeated_prompts_are_served_from_the_cache(local):
 
 async def test_long_prompts_are_encoded_off_the_event_loop_with_the_same_ids(local):
     inline = Tokenization("tiny", "local", local, offload_chars=10**9)
-    offloaded = Tokenization("tiny", "local", local, offload_chars=100)
+    offloaded = Tokenization("tiny", "local", local, offload_chars=100, offload_max_chars=100)
     prompt = "A cache keeps what was computed. " * 40
     assert await offloaded.completion(prompt) == await inline.completion(prompt)
     assert (offloaded.stats.offloaded, inline.stats.offloaded) == (1, 0)

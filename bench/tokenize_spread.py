@@ -1,0 +1,64 @@
+"""What tokenization costs a multi-turn conversation whose turns are spread over several
+gateway processes (``--workers N``, or N replicas behind a Service): each process keeps
+its own token and word caches, so a process that did not see the previous turns
+encodes them too, and more new text per request crosses the offload threshold.
+
+    python -m bench.tokenize_spread --workers 1,2,4 [--fixed-threshold]
+
+The overhead benchmark's multi-turn bodies (``bench.overhead.Bodies``), each request
+given to one of N ``Tokenization`` fronts at random; prints per N the CPU per request
+(this process, worker threads included), the characters encoded per request and the
+share of requests whose encoding went to a thread. ``--fixed-threshold`` sends every
+text over 2,048 characters to a thread (the policy before ``offload.OffloadPolicy``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import time
+
+from bench.overhead import Bodies
+from bench.tinymodel import ensure_tokenizer
+from kvindex.tokenization import ChatPrompt, LocalTokenizer, Tokenization
+from kvindex.tokenization.offload import DEFAULT_MIN_CHARS
+
+
+async def spread(workers: int, requests: int, fixed: bool) -> tuple[float, float, float]:
+    """(CPU µs per request, characters encoded per request, share offloaded)."""
+    local = LocalTokenizer(ensure_tokenizer())
+    max_chars = DEFAULT_MIN_CHARS if fixed else None
+    fronts = [Tokenization("tiny", "local", local,
+                           **({"offload_max_chars": max_chars} if max_chars else {}))
+              for _ in range(workers)]  # fmt: skip
+    bodies, rng = Bodies(8192, seed=3), random.Random(1)
+    started = time.process_time()
+    for _ in range(requests):
+        body = json.loads(bodies.multi_turn())
+        await rng.choice(fronts).chat(ChatPrompt.from_body(body))
+    cpu = time.process_time() - started
+    chars = sum(f.stats.encoded_chars for f in fronts)
+    offloaded = sum(f.stats.offloaded for f in fronts)
+    return cpu / requests * 1e6, chars / requests, offloaded / requests
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workers", default="1,2,4")
+    p.add_argument("--requests", type=int, default=3000)
+    p.add_argument("--fixed-threshold", action="store_true")
+    args = p.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # as `kvgate serve` sets it
+    for n in (int(w) for w in args.workers.split(",")):
+        us, chars, share = asyncio.run(spread(n, args.requests, args.fixed_threshold))
+        print(
+            f"workers={n}: {us:.0f} µs CPU/request, {chars:,.0f} characters encoded/request, "
+            f"{share:.0%} of requests encoded in a thread"
+        )
+
+
+if __name__ == "__main__":
+    main()
