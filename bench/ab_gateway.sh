@@ -16,13 +16,9 @@ secs=${4:-10}
 cd "$(dirname "$0")/.."
 source bench/gateway_load.sh
 py=$(pwd)/${PYTHON:-.venv/bin/python}
-read -r pod_port gw_port admin_port < <("$py" -c "
-from bench.ports import free_ports; print(*free_ports(3))")
-tokenizer=$("$py" -c "from bench.tinymodel import ensure_tokenizer; print(ensure_tokenizer())")
-lua=$(mktemp --suffix=.lua)
+setup_gateway_env
 taskset -c 1 "$py" -m bench.zero_pod --port "$pod_port" &
 pod=$!
-export KVGATE_MODELS="{\"kvgate-tiny-llama\": {\"block_size\": 32, \"tokenizer\": \"$tokenizer\"}}"
 (cd "$tree" && exec taskset -c 0 "$py" -m cli serve --port "$gw_port" --admin-port "$admin_port" \
   --workers 1 --pod "zero=http://127.0.0.1:$pod_port" --strategy "$strategy" \
   --log-level warning) &

@@ -1,5 +1,16 @@
-# Sourced by bench/profile_gateway.sh and bench/ab_gateway.sh: what both do around a
-# gateway under wrk load. Needs $py (the project's python).
+# Sourced by bench/profile_gateway.sh, bench/ab_gateway.sh and bench/cpu_split.sh: what
+# they do around a gateway under wrk load. Needs $py (the project's python).
+
+# Three free loopback ports ($pod_port $gw_port $admin_port), KVGATE_MODELS exported for
+# the tiny test model's tokenizer, and a temporary file for wrk's Lua script ($lua).
+setup_gateway_env() {
+  read -r pod_port gw_port admin_port < <("$py" -c "
+from bench.ports import free_ports; print(*free_ports(3))")
+  local tokenizer
+  tokenizer=$("$py" -c "from bench.tinymodel import ensure_tokenizer; print(ensure_tokenizer())")
+  export KVGATE_MODELS="{\"kvgate-tiny-llama\": {\"block_size\": 32, \"tokenizer\": \"$tokenizer\"}}"
+  lua=$(mktemp --suffix=.lua)
+}
 
 # The overhead benchmark's ~8 KB chat bodies as a wrk Lua script, for WORKLOAD
 # (varied | multi-turn), on stdout.

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Profile a gateway under load: a zero-latency pod, `kvgate serve` in front of it,
 # wrk with 32 connections sending ~8 KB chats (the overhead benchmark's bodies), and
-# py-spy sampling the gateway at 200 Hz for 8 s. Prints wrk's requests/s and the
-# profile's top entries (bench/pyspy_top.py).
+# py-spy sampling the gateway (200 Hz for 8 s unless RATE and SECONDS_SAMPLED say
+# otherwise). Prints wrk's requests/s and the profile's top entries (bench/pyspy_top.py).
 #
 #   bench/profile_gateway.sh STRATEGY [varied|multi-turn] [OUT.txt]
 #   KVGATE_TREE=../kvgate-3da02ca bench/profile_gateway.sh ...   # an older checkout's gateway
 #   WORKERS=2 bench/profile_gateway.sh ...   # `--workers 2`: both workers sampled together
+#   SECONDS_SAMPLED=15 RATE=400 bench/profile_gateway.sh ...   # a longer, denser sample
 #
 # Needs wrk and py-spy (`make test` installs both: wrk from Debian, py-spy with the
 # bench extra).
@@ -18,13 +19,9 @@ cd "$(dirname "$0")/.."
 source bench/gateway_load.sh
 py=${PYTHON:-.venv/bin/python}
 spy=$(command -v py-spy || echo .venv/bin/py-spy)
-read -r pod_port gw_port admin_port < <("$py" -c "
-from bench.ports import free_ports; print(*free_ports(3))")
-tokenizer=$("$py" -c "from bench.tinymodel import ensure_tokenizer; print(ensure_tokenizer())")
-lua=$(mktemp --suffix=.lua)
+setup_gateway_env
 "$py" -m bench.zero_pod --port "$pod_port" &
 pod=$!
-export KVGATE_MODELS="{\"kvgate-tiny-llama\": {\"block_size\": 32, \"tokenizer\": \"$tokenizer\"}}"
 if [[ -n "${KVGATE_TREE:-}" ]]; then
   # A "before" profile: the gateway of another checkout (a worktree of an older
   # commit, from before `cli/`, the admin listener and --workers).
@@ -38,9 +35,9 @@ gw=$!
 trap 'kill $gw $pod 2>/dev/null; rm -f "$lua"' EXIT
 wrk_lua "$workload" > "$lua"
 wait_ready "$gw_port"
-wrk -t2 -c32 -d12s -s "$lua" "http://127.0.0.1:$gw_port/v1/chat/completions" > "$out.wrk" &
+wrk -t2 -c32 -d$(( ${SECONDS_SAMPLED:-8} + 4 ))s -s "$lua" "http://127.0.0.1:$gw_port/v1/chat/completions" > "$out.wrk" &
 sleep 1
-"$spy" record -p "$gw" -d 8 -r 200 -f raw -o "$out" --nonblocking \
+"$spy" record -p "$gw" -d ${SECONDS_SAMPLED:-8} -r ${RATE:-200} -f raw -o "$out" --nonblocking \
   $([[ "${WORKERS:-1}" != 1 ]] && echo --subprocesses) > /dev/null 2>&1
 wait %3 2>/dev/null || sleep 4
 grep -E "Requests/sec|Non-2xx" "$out.wrk" || true
