@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import httpx
 from rich.console import Console
@@ -52,3 +57,41 @@ def test_several_runs_give_fresh_prompts_and_a_summary_of_medians_and_worsts(tmp
     text = (tmp_path / "report.md").read_text()
     assert "## Over 2 runs: median (worst)" in text
     assert "| round-robin: added p50 <= 0.5 ms |" in text and " of 2 |" in text
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_benchmark_stopped_by_sigterm_stops_what_it_started(tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "bench", "overhead", "--strategy", "round-robin",
+         "--seconds", "30", "--pairs", "100000", "--out", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while len(_children(proc.pid)) < 2:  # the backend and the gateway
+            assert proc.poll() is None and time.monotonic() < deadline, "did not start both"
+            time.sleep(0.2)
+        children = _children(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        deadline = time.monotonic() + 15
+        while any(map(_alive, children)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(map(_alive, children)), "a child outlived the benchmark"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
