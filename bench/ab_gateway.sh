@@ -28,10 +28,9 @@ wrk_lua "$workload" > "$lua"
 wait_ready "$gw_port"
 url="http://127.0.0.1:$gw_port/v1/chat/completions"
 taskset -c 1 wrk -t1 -c32 -d2s -s "$lua" "$url" > /dev/null  # warm-up
-ticks() { awk '{print $14 + $15}' "/proc/$gw/stat"; }
-before=$(ticks)
+before=$(cpu_ticks "$gw")
 out=$(taskset -c 1 wrk -t1 -c32 -d"${secs}s" -s "$lua" "$url")
-after=$(ticks)
+after=$(cpu_ticks "$gw")
 hz=$(getconf CLK_TCK)
 "$py" -c "
 rps = float('$(echo "$out" | awk '/Requests\/sec/ {print $2}')')

@@ -23,16 +23,10 @@ wrk_lua "$workload" > "$lua"
 wait_ready "$gw_port"
 url="http://127.0.0.1:$gw_port/v1/chat/completions"
 wrk -t2 -c32 -d3s -s "$lua" "$url" > /dev/null  # warm-up
-ticks() {  # user + system clock ticks of the given pids
-  local total=0 t
-  for p in "$@"; do t=$(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)
-    total=$((total + t)); done
-  echo "$total"
-}
 gw_pids() { echo "$gw" $(pgrep -P "$gw" || true); }
-g0=$(ticks $(gw_pids)); p0=$(ticks "$pod")
+g0=$(cpu_ticks $(gw_pids)); p0=$(cpu_ticks "$pod")
 out=$(/usr/bin/time -f "%U %S" -o "$lua.time" wrk -t2 -c32 -d8s -s "$lua" "$url")
-g1=$(ticks $(gw_pids)); p1=$(ticks "$pod")
+g1=$(cpu_ticks $(gw_pids)); p1=$(cpu_ticks "$pod")
 "$py" -c "
 rps = float('$(echo "$out" | awk '/Requests\/sec/ {print $2}')')
 reqs = int('$(echo "$out" | awk '/requests in/ {print $1}')')

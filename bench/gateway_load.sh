@@ -12,6 +12,16 @@ from bench.ports import free_ports; print(*free_ports(3))")
   lua=$(mktemp --suffix=.lua)
 }
 
+# User + system CPU of the given pids so far, in clock ticks (getconf CLK_TCK a second).
+cpu_ticks() {
+  local total=0 t
+  for p in "$@"; do
+    t=$(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)
+    total=$((total + t))
+  done
+  echo "$total"
+}
+
 # The overhead benchmark's ~8 KB chat bodies as a wrk Lua script, for WORKLOAD
 # (varied | multi-turn), on stdout.
 wrk_lua() {

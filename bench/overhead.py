@@ -46,6 +46,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from bench.overhead_summary import column_stats, markdown
 from bench.polling import http_status, wait_for
 from bench.ports import free_port
 from bench.stats import percentile
@@ -404,8 +405,6 @@ def print_report(report: OverheadReport, console: Console) -> None:
                       r.note or (f"{r.errors} non-2xx" if r.errors else ""))  # fmt: skip
     console.print(table)
     if several:
-        from bench.overhead_summary import markdown
-
         console.print("\n".join(markdown(report.results, report.runs)), markup=False)
 
 
@@ -415,16 +414,8 @@ def _cpu(r: RouterResult) -> str:
 
 def _medians(results: list[RouterResult]) -> list[RouterResult]:
     """One result per router and workload, each column its median over the runs."""
-    from bench.overhead_summary import COLUMNS, cells, median_and_worst, per_run
-
-    out = []
-    for router, workload in cells(results):
-        med = RouterResult(router, workload)
-        for _, attr, lower in COLUMNS:
-            values = list(per_run(results, router, workload, attr).values())
-            setattr(med, attr, median_and_worst(values, lower)[0])
-        out.append(med)
-    return out
+    return [RouterResult(router, workload, **{attr: m for attr, (m, _) in stats.items()})
+            for (router, workload), stats in column_stats(results).items()]  # fmt: skip
 
 
 def write_report(report: OverheadReport, out: Path) -> Path:
@@ -478,8 +469,6 @@ def write_report(report: OverheadReport, out: Path) -> Path:
         "![overhead](overhead.png)",
     ]  # fmt: skip
     if report.runs > 1:
-        from bench.overhead_summary import markdown
-
         lines[-1:-1] = [*markdown(report.results, report.runs), ""]
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")

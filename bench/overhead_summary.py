@@ -58,6 +58,20 @@ def per_run(results: Sequence[Result], router: str, workload: str, attr: str) ->
             if r.router == router and r.workload == workload}  # fmt: skip
 
 
+def column_stats(
+    results: Sequence[Result],
+) -> dict[tuple[str, str], dict[str, tuple[float, float]]]:
+    """(router, workload), in the order first measured -> column attribute -> (median,
+    worst) over the runs."""
+    return {
+        (router, workload): {
+            attr: median_and_worst(list(per_run(results, router, workload, attr).values()), lower)
+            for _, attr, lower in COLUMNS
+        }
+        for router, workload in cells(results)
+    }
+
+
 def scaling(results: Sequence[Result]) -> list[tuple[str, str, list[float]]]:
     """(``kvgate:S@N``, workload, per-run req/s of N workers over one worker's)."""
     out: list[tuple[str, str, list[float]]] = []
@@ -174,12 +188,9 @@ def markdown(results: Sequence[Result], runs: int) -> list[str]:
         "| router | workload | " + " | ".join(c for c, _, _ in COLUMNS) + " |",
         "|---|---|" + "---|" * len(COLUMNS),
     ]
-    for router, workload in cells(results):
-        row = []
-        for _, attr, lower in COLUMNS:
-            values = list(per_run(results, router, workload, attr).values())
-            m, w = median_and_worst(values, lower)
-            row.append(f"{_fmt(m, attr)} ({_fmt(w, attr)})" if m == m else "")
+    for (router, workload), stats in column_stats(results).items():
+        row = [f"{_fmt(m, attr)} ({_fmt(w, attr)})" if m == m else ""
+               for attr, (m, w) in stats.items()]  # fmt: skip
         lines.append(f"| {router} | {workload} | " + " | ".join(row) + " |")
     ratios = scaling(results)
     if ratios:

@@ -24,15 +24,14 @@ import time
 from bench.overhead import Bodies
 from bench.tinymodel import ensure_tokenizer
 from kvindex.tokenization import ChatPrompt, LocalTokenizer, Tokenization
-from kvindex.tokenization.offload import DEFAULT_MIN_CHARS
+from kvindex.tokenization.offload import DEFAULT_MAX_CHARS, DEFAULT_MIN_CHARS
 
 
 async def spread(workers: int, requests: int, fixed: bool) -> tuple[float, float, float]:
     """(CPU µs per request, characters encoded per request, share offloaded)."""
     local = LocalTokenizer(ensure_tokenizer())
-    max_chars = DEFAULT_MIN_CHARS if fixed else None
-    fronts = [Tokenization("tiny", "local", local,
-                           **({"offload_max_chars": max_chars} if max_chars else {}))
+    max_chars = DEFAULT_MIN_CHARS if fixed else DEFAULT_MAX_CHARS
+    fronts = [Tokenization("tiny", "local", local, offload_max_chars=max_chars)
               for _ in range(workers)]  # fmt: skip
     bodies, rng = Bodies(8192, seed=3), random.Random(1)
     started = time.process_time()

@@ -129,7 +129,6 @@ class Tokenization:
         self.local = local if mode != "engine" else None
         self.engine = engine
         self.cache = TokenCache(cache_tokens, ENTRY_TOKENS)
-        self.offload_chars = offload_chars
         self.offload = OffloadPolicy(offload_chars, offload_max_chars)
         self.stats = TokenizationStats()
         self.incremental = (
@@ -176,7 +175,7 @@ class Tokenization:
 
     async def _local_chat(self, prompt: ChatPrompt) -> Sequence[int]:
         assert self.local is not None
-        if render_cost_chars(prompt.messages) > self.offload_chars:
+        if render_cost_chars(prompt.messages) > self.offload.min_chars:
             text = await asyncio.to_thread(self.local.render_chat, prompt)
         else:
             text = self.local.render_chat(prompt)
@@ -198,7 +197,7 @@ class Tokenization:
         self.stats.misses += 1
         self.stats.local += 1
         self.stats.encoded_chars += len(text)
-        if len(text) > self.offload_chars:
+        if len(text) > self.offload.min_chars:
             self.stats.offloaded += 1
             ids = await asyncio.to_thread(self.local.encode, text, add_special_tokens)
         else:
