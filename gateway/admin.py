@@ -94,6 +94,15 @@ async def index_stats(request: Request) -> Response:
             "capacity": stats.capacity,
             "l2_keys": stats.l2_keys,
             "per_pod": stats.per_pod,
+            # What kv-aware prices evictions by: each pod's scraped L0 size and the
+            # blocks its events say it holds (null: not known exactly)
+            "l0": {
+                pod.name: {
+                    "capacity_blocks": pod.engine.kv_capacity_blocks,
+                    "held_blocks": gw.kv.store.l0_blocks_now(pod.name),
+                }
+                for pod in gw.registry.all()
+            },
             "subscribers": _jsonable(gw.kv.subscriber_stats()),
         }
     )

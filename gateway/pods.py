@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -77,13 +78,24 @@ def same_endpoints(a: PodConfig, b: PodConfig) -> bool:
         b.url, b.kv_events, b.kv_replay, b.dp_ranks)  # fmt: skip
 
 
+_CACHE_INFO = "vllm:cache_config_info"
+_GPU_BLOCKS = re.compile(r'[{,]num_gpu_blocks="(\d+)"')
+
+
 def parse_engine_load(text: str) -> dict[str, float]:
-    """Sum the scraped vLLM gauges over their label sets (one per engine)."""
+    """Sum the scraped vLLM gauges over their label sets (one per engine), and the L0
+    size in blocks (``kv_blocks``) from the ``num_gpu_blocks`` label of each engine's
+    ``vllm:cache_config_info``."""
     out: dict[str, float] = {}
     for line in text.splitlines():
         if not line.startswith("vllm:"):
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name == _CACHE_INFO:
+            blocks = _GPU_BLOCKS.search(line)
+            if blocks is not None:
+                out["kv_blocks"] = out.get("kv_blocks", 0.0) + int(blocks.group(1))
+            continue
         attr = _SCRAPED.get(name)
         if attr is None:
             continue
@@ -261,6 +273,7 @@ class PodRegistry:
                     waiting=int(load.get("waiting", 0)),
                     running=int(load.get("running", 0)),
                     kv_usage=float(load.get("kv_usage", 0.0)),
+                    kv_capacity_blocks=int(load.get("kv_blocks", 0)),
                 )
             return True
         except (httpx.HTTPError, ValueError, KeyError, TypeError):

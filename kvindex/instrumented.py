@@ -111,6 +111,11 @@ class InstrumentedStore:
         self._op_children["drop_pod"].inc()
         await self._maybe_refresh()
 
+    def l0_blocks_now(self, pod: str) -> int | None:
+        inner: Any = self.inner
+        held: int | None = inner.l0_blocks_now(pod)
+        return held
+
     async def stats(self) -> IndexStats:
         stats = await self.inner.stats()
         self.metrics.keys.set(stats.keys)

@@ -101,6 +101,9 @@ class MemoryStore:
         # write has changed any state since: what the speculation after it starts from
         self._last_walk: tuple[tuple[int, ...], list[tuple[State, int]]] | None = None
         self.bad_ops = 0  # ops of an unknown type, counted and skipped
+        # Keys dropped for capacity (not by a pod's event): from the first one on, the
+        # per-pod counts are lower bounds of what the pods hold.
+        self.capacity_evictions = 0
 
     # -- protocol (async) ---------------------------------------------------
 
@@ -188,6 +191,7 @@ class MemoryStore:
             pod_keys.update(keys)
             while len(entries) > self.capacity:
                 self._unlink(*entries.popitem(last=False))
+                self.capacity_evictions += 1
             return
         memo: dict[int, tuple[State, State]] = {}  # id(old) -> (old, new): one per state
         for key in keys:
@@ -241,6 +245,7 @@ class MemoryStore:
         if len(entries) > self.capacity:
             old_key, old = entries.popitem(last=False)
             self._unlink(old_key, old)
+            self.capacity_evictions += 1
 
     def _unlink(self, key: int, state: State) -> None:
         """Drop every secondary reference to an evicted key."""
@@ -475,6 +480,15 @@ class MemoryStore:
                 break
             out[writer] = out.get(writer, 0) + len(list(run))
         return out
+
+    def l0_blocks_now(self, pod: str) -> int | None:
+        """Blocks ``pod``'s events put in its L0 and have not removed (its prefix cache's
+        occupancy); None for a pod never seen, or once this index has dropped keys for
+        its own capacity (the count is then only a lower bound)."""
+        slot = self._slot_of.get(pod)
+        if slot is None or self.capacity_evictions:
+            return None
+        return self._counts[slot][0]
 
     def bounds(self) -> dict[str, Bound]:
         return {"index": Bound(len(self._entries), self.capacity, "keys", KEY_BYTES)}

@@ -438,6 +438,11 @@ class RedisStore:
         """Nothing is local here: the whole write is the returned coroutine."""
         return self.speculate(pod, keys, ttl_s)
 
+    def l0_blocks_now(self, pod: str) -> int | None:
+        """Not kept in Redis (a count per pod would be one more write per event);
+        ``ResilientStore`` answers from its local view."""
+        return None
+
     def _calls(
         self, code: str, pod: str, keys: Sequence[int], extra: int, pos: Positions | None = None
     ) -> list[ApplyArgs]:

@@ -158,6 +158,10 @@ class ResilientStore:
                 self._failed(exc)
         self._buffer_ops(pod, None)
 
+    def l0_blocks_now(self, pod: str) -> int | None:
+        """From the local view: it takes every event of the pods this process follows."""
+        return self.local.l0_blocks_now(pod)
+
     async def stats(self) -> IndexStats:
         if self._state is _State.UP:
             try:

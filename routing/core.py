@@ -33,6 +33,8 @@ from routing.types import Decision, Need, Outcome, PodView, RouteRequest, Strate
 # Record keys as speculatively held in L0 by a pod (the index's ``speculate``, TTL
 # bound by the caller): the router's own dispatch, visible before the engine's events.
 Speculate = Callable[[str, Sequence[int]], None]
+# Blocks a pod holds in L0 by its KV events (the index's ``l0_blocks_now``; None: unknown).
+Occupancy = Callable[[str], int | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,9 @@ class EngineLoad:
     waiting: int = 0  # vllm:num_requests_waiting
     running: int = 0  # vllm:num_requests_running
     kv_usage: float = 0.0  # vllm:kv_cache_usage_perc (0..1)
+    # L0 size in blocks: num_gpu_blocks of vllm:cache_config_info, summed over the
+    # pod's engines (0: not exported / not scraped yet)
+    kv_capacity_blocks: int = 0
 
 
 IDLE_ENGINE = EngineLoad()
@@ -96,6 +101,7 @@ class RoutingCore:
         self.use_strategies(StrategySet(default, dict(per_model or {})))
         self.load: LoadView = load if load is not None else LoadTracker()
         self._speculate = speculate
+        self._occupancy: Occupancy | None = None
         self._clock = clock
 
     @classmethod
@@ -134,6 +140,11 @@ class RoutingCore:
     def set_speculation(self, speculate: Speculate | None) -> None:
         """Where speculative L0 entries go (the index, once it exists)."""
         self._speculate = speculate
+
+    def set_occupancy(self, occupancy: Occupancy | None) -> None:
+        """Where each pod's L0 occupancy is read (the index, once it exists): with the
+        scraped capacity it tells a strategy whether writing a prefix there evicts."""
+        self._occupancy = occupancy
 
     # -- what a model's strategy needs ------------------------------------------------
 
@@ -188,8 +199,10 @@ class RoutingCore:
     def views(self, candidates: Iterable[Candidate]) -> list[PodView]:
         """Routing-time snapshots: the load view's counts plus the scraped engine gauges."""
         views = []
+        occupancy = self._occupancy
         for c in candidates:
             load, engine = self.load.get(c.pod), c.engine
+            held = occupancy(c.pod) if occupancy is not None else None
             views.append(
                 PodView(
                     id=c.pod,
@@ -199,6 +212,8 @@ class RoutingCore:
                     running=engine.running,
                     kv_usage=engine.kv_usage,
                     prefilling=load.prefilling,
+                    kv_capacity_blocks=engine.kv_capacity_blocks,
+                    kv_held_blocks=held,
                 )
             )
         return views

@@ -46,6 +46,11 @@ class PodView:
     running: int = 0  # scraped vllm:num_requests_running
     kv_usage: float = 0.0  # scraped vllm:kv_cache_usage_perc (0..1)
     prefilling: int = 0  # of in_flight, requests still waiting for their first token
+    # The pod's L0 size in blocks (scraped vllm:cache_config_info; 0: unknown) and the
+    # blocks its KV events say it holds there (None: unknown). Without both a strategy
+    # must assume the cache is full, as a serving pod's usually is.
+    kv_capacity_blocks: int = 0
+    kv_held_blocks: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

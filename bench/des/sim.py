@@ -68,6 +68,7 @@ class FleetSim:
             ),
             clock=lambda: self.now,
         )
+        self.core.set_occupancy(self.store.l0_blocks_now)
         self.strategy = self.core.strategy_for(model)
         self.l2 = MemoryL2(spec.l2_capacity_blocks) if spec.l2_capacity_blocks > 0 else None
         self.pods = [
@@ -121,7 +122,9 @@ class FleetSim:
         if now - self._scraped_at >= self.scrape_interval_s:
             self._scraped_at = now
             for p in self.pods:
-                self._scraped[p.name] = EngineLoad(len(p.waiting), p.running, p.kv_usage())
+                self._scraped[p.name] = EngineLoad(
+                    len(p.waiting), p.running, p.kv_usage(), p.spec.l0_capacity_blocks
+                )
         return [Candidate(p.name, self._scraped[p.name]) for p in self.pods]
 
     def dispatch(self, index: int, req: DesRequest, now: float) -> None:

@@ -128,6 +128,32 @@ def test_index_shows_the_serving_pod_and_keys_equal_those_learnt_from_its_events
             sub.close(linger=0)
 
 
+def test_the_gateway_reads_each_pods_l0_size_and_counts_what_its_events_put_there(
+    rr_gateway, vllm_pods, nonce
+):
+    # vLLM exports its KV cache size as the num_gpu_blocks label of
+    # vllm:cache_config_info (on CPU too); kv-aware's eviction price needs it.
+    exported = {}
+    for name, pod in zip(POD_NAMES, vllm_pods, strict=True):
+        text = httpx.get(f"{pod.url}/metrics", timeout=10).text
+        line = next(ln for ln in text.splitlines() if ln.startswith("vllm:cache_config_info{"))
+        exported[name] = int(line.split('num_gpu_blocks="', 1)[1].split('"', 1)[0])
+    body = {"model": MODEL_NAME, "prompt": prompt_text(nonce, 300), "max_tokens": 2}
+    r = httpx.post(rr_gateway + "/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    served = r.headers["x-kvgate-pod"]
+    full_blocks = r.json()["usage"]["prompt_tokens"] // BLOCK_SIZE
+
+    def stats() -> dict | None:
+        l0 = httpx.get(f"{rr_gateway.admin}/admin/index/stats", timeout=10).json()["l0"]
+        ready = all(l0[n]["capacity_blocks"] for n in POD_NAMES)
+        return l0 if ready and (l0[served]["held_blocks"] or 0) >= full_blocks else None
+
+    l0 = wait_for(stats, timeout=10, what="capacity scraped and the prompt's blocks counted")
+    assert {n: e["capacity_blocks"] for n, e in l0.items()} == exported
+    assert all(blocks > full_blocks for blocks in exported.values())
+
+
 def _ask(client: OpenAI, system: str, question: str):
     raw = client.chat.completions.with_raw_response.create(
         model=MODEL_NAME,

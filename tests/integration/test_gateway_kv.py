@@ -130,6 +130,20 @@ def test_index_lookup_shows_the_pod_that_served_a_prompt(fleet, system_prompt):
             capture_output=True, text=True, check=True,
         )  # fmt: skip
         assert pod in stats.stdout and "backend memory" in stats.stdout
+        # kv-aware's eviction price reads each pod's L0 size (scraped from the pod's
+        # vllm:cache_config_info, the simulator's default 4,096 blocks) and occupancy.
+        l0 = wait_for(
+            lambda: (
+                (r := httpx.get(f"{gw.admin}/admin/index/stats").json()["l0"])
+                and r[pod]["capacity_blocks"]
+                and r
+            ),
+            5,
+        )
+        assert {name: e["capacity_blocks"] for name, e in l0.items()} == {
+            p.name: 4096 for p in fleet
+        }
+        assert l0[pod]["held_blocks"] >= d["full_blocks"]
 
 
 def test_prefix_aware_keeps_a_shared_prompt_on_one_pod_without_events(fleet, system_prompt):

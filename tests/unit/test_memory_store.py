@@ -83,6 +83,24 @@ def test_stats_count_entries_per_pod_and_tier() -> None:
     }
 
 
+def test_l0_blocks_now_follows_a_pods_events_until_capacity_makes_it_a_lower_bound() -> None:
+    s = MemoryStore(capacity_keys=8)
+    assert s.l0_blocks_now("a") is None  # never seen
+
+    s.apply_now("a", [Stored(L0, K[:5]), Stored(L1, K[5:7])])
+    s.apply_now("b", [Stored(L0, K[:2])])
+    s.speculate_now("a", K[7:8], ttl_s=60.0)  # in flight, not yet held
+    assert (s.l0_blocks_now("a"), s.l0_blocks_now("b")) == (5, 2)
+
+    s.apply_now("a", [Removed(L0, K[:2])])
+    assert s.l0_blocks_now("a") == 3
+    s.apply_now("a", [Cleared()])
+    assert s.l0_blocks_now("a") == 0
+
+    s.apply_now("b", [Stored(L0, K[8:16])])  # 8 more keys in an 8-key index: evictions
+    assert (s.capacity_evictions > 0, s.l0_blocks_now("b")) == (True, None)
+
+
 def test_l2_rewritten_by_another_pod_moves_the_writer() -> None:
     s = MemoryStore(1000)
     s.apply_now("a", [Stored(L2, K[:3])])

@@ -159,6 +159,26 @@ def test_route_counts_uncached_tokens_at_once_speculates_and_finish_observes_onc
     assert (core.load.get("a").in_flight, len(recorder.observed)) == (0, 1)
 
 
+def test_views_give_each_pod_its_scraped_l0_size_and_the_index_occupancy():
+    recorder = _Recorder()
+    core = RoutingCore(recorder)
+    held = {"a": 700, "b": 1200}
+    core.set_occupancy(held.get)
+    candidates = [
+        Candidate("a", EngineLoad(kv_capacity_blocks=1000)),
+        Candidate("b", EngineLoad(kv_capacity_blocks=1000)),
+        Candidate("c", EngineLoad(kv_capacity_blocks=1000)),  # the index does not know c
+        Candidate("d"),  # no capacity scraped
+    ]
+    core.route(core.request(MODEL), candidates, None)
+    _, views, _, _ = recorder.seen[-1]
+    assert [(v.kv_capacity_blocks, v.kv_held_blocks) for v in views] == [
+        (1000, 700), (1000, 1200), (1000, None), (0, None)]  # fmt: skip
+    core.set_occupancy(None)  # no index: nothing is known
+    core.route(core.request(MODEL), candidates, None)
+    assert [v.kv_held_blocks for v in recorder.seen[-1][1]] == [None] * 4
+
+
 def test_a_retried_attempt_releases_its_load_without_teaching_the_strategy():
     recorder = _Recorder()
     core = RoutingCore(recorder)
@@ -234,11 +254,13 @@ async def _gateway_decisions(strategy: str, options: dict | None) -> list[str]:
         kv = KvIndex(settings, prometheus, client)
         core = RoutingCore.from_config(settings.strategy, settings.strategy_options,
                                        speculate=kv.speculate)  # fmt: skip
+        core.set_occupancy(kv.store.l0_blocks_now)  # as gateway.state wires it
         router = Router(core, GatewayMetrics(prometheus), kv)
         for pod, ops in _warm_ops(kv.keyer(MODEL)).items():
             await kv.store.apply(pod, ops)
-        pods = [Pod(PodConfig(name=n, url=f"http://{n}"), healthy=True, models={MODEL})
-                for n in PODS]  # fmt: skip
+        scraped = EngineLoad(kv_capacity_blocks=10_000)  # the DES pods' L0 size
+        pods = [Pod(PodConfig(name=n, url=f"http://{n}"), healthy=True, models={MODEL},
+                    engine=scraped) for n in PODS]  # fmt: skip
         chosen = []
         for i, (tokens, user) in enumerate(_burst()):
             body = {"model": MODEL, "prompt": tokens, "max_tokens": 4, "user": user}

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from kvindex.types import PodPrefix, PrefixMatch
 from routing.load import LoadTracker
-from routing.strategies.kv_aware import KvAware
+from routing.strategies.kv_aware import KvAware, evicted_share
 from routing.strategy_registry import build_strategy
 from routing.types import Decision, Outcome, PodView, Reason, RouteRequest
 
@@ -82,6 +82,43 @@ def test_a_full_l0_hit_behind_a_long_queue_loses_to_an_idle_pod():
         Reason.LOAD_SPILL,
         pytest.approx({"hot": 2.001, "idle": 1.601}),
     )
+
+
+def test_a_pod_with_l0_room_takes_a_copy_of_a_hot_prefix_for_its_prefill_alone():
+    # The case above (hot: 2,001 ms behind its queue; idle: 1,601 ms of prefill plus
+    # 1,600 ms of eviction). Idle's L0 holds 10,000 blocks; writes that keep it under a
+    # quarter of that (2,500) evict nothing, so only the 100 blocks it writes beyond
+    # that count.
+    match = _match(1601, hot=PodPrefix(l0=100, l0_l1=100))
+    hot = PodView("hot", 3, 2000)
+    for held, idle_score in (
+        (None, 3.201),  # occupancy unknown: a full cache
+        (2500, 3.201),  # at a quarter: every block written evicts
+        (2440, 1.601 + 0.640),  # 60 blocks of room: 40 of the 100 evict
+        (2400, 1.601),
+        (0, 1.601),
+    ):
+        idle = PodView("idle", kv_capacity_blocks=10_000, kv_held_blocks=held)
+        d = _simple().choose(_req(1601), [hot, idle], match, 0.0)
+        assert d.scores["idle"] == pytest.approx(idle_score), held
+        assert d.pod == ("idle" if idle_score < 2.001 else "hot"), held
+    # L0 size not scraped: a full cache too.
+    idle = PodView("idle", kv_held_blocks=0)
+    assert _simple().choose(_req(1601), [hot, idle], match, 0.0).pod == "hot"
+    # roomy_share 1: all the free room counts; 0: none does.
+    idle = PodView("idle", kv_capacity_blocks=10_000, kv_held_blocks=9_900)
+    assert _simple(roomy_share=1.0).choose(_req(1601), [hot, idle], match, 0.0).pod == "idle"
+    idle = PodView("idle", kv_capacity_blocks=10_000, kv_held_blocks=0)
+    assert _simple(roomy_share=0.0).choose(_req(1601), [hot, idle], match, 0.0).pod == "hot"
+
+
+def test_evicted_share_counts_only_the_blocks_beyond_the_free_room():
+    assert evicted_share(100, 0) == 1.0
+    assert evicted_share(100, 40) == pytest.approx(0.6)
+    assert evicted_share(100, 100) == 0.0
+    assert evicted_share(100, 10**6) == 0.0
+    assert evicted_share(0, 0) == 0.0
+    assert evicted_share(10, -3) == 1.0
 
 
 def test_evicting_what_l2_holds_costs_an_l2_load_so_spilling_stays_cheap():
@@ -240,6 +277,9 @@ def test_bad_options_fail_at_construction():
         KvAware(cost_model={"no_such_knob": 1})
     with pytest.raises(ValueError):
         KvAware(eviction_weight=-1)
+    for share in (-0.1, 1.5):
+        with pytest.raises(ValueError):
+            KvAware(roomy_share=share)
     with pytest.raises(TypeError):
         KvAware(calibration={"windw": 3})
 
