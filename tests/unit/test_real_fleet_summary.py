@@ -151,3 +151,49 @@ def test_kvgates_own_error_is_read_from_its_histogram_over_http():
     finally:
         server.shutdown()
     assert error == pytest.approx(0.15)  # rank 2 of 4: the first of the two in (0.1, 0.2]
+
+
+def test_each_cell_runs_once_unmeasured_before_the_measured_cells(tmp_path, monkeypatch):
+    # A run's first cell on fresh pods measured the pods' warm-up, so the plan runs
+    # every cell once through round-robin first, with prompts no measured cell gets,
+    # and keeps none of it.
+    import contextlib
+    import json
+
+    from rich.console import Console
+
+    import bench.real_fleet as rf
+    from bench.calibrate import PrefillFit
+
+    class FakePod:
+        url, events_endpoint, replay_endpoint = "http://pod", "tcp://e", "tcp://r"
+
+    @contextlib.contextmanager
+    def pods(n, log_dir, pin_cores):
+        yield [FakePod() for _ in range(n)]
+
+    calls = []
+
+    def run_cell(plan, specs, urls, cell_name, router, seed):
+        calls.append((cell_name, router, seed))
+        return cell(router, seed, 40)
+
+    monkeypatch.setattr(rf, "real_pods", pods)
+    monkeypatch.setattr(rf, "measure_pod", lambda url: PrefillFit(0.001, 20_000.0, ()))
+    monkeypatch.setattr(rf, "run_real_cell", run_cell)
+    monkeypatch.setattr(rf, "write_report", lambda *args: None)
+    cells = ["chat@closed:4", "users@poisson:8"]
+    plan = rf.RealPlan(routers=["kv-aware", "round-robin"], cells=cells, seeds=[0, 1])
+    out = rf.run_real(plan, tmp_path, Console(file=open(tmp_path / "log", "w")))  # noqa: SIM115
+    warm = [(c, "round-robin", rf.WARM_UP_SEED) for c in cells]
+    assert calls[:2] == warm
+    assert len(calls) == 2 + 2 * 2 * 2 and rf.WARM_UP_SEED not in {s for _, _, s in calls[2:]}
+    assert {(c.router, c.seed) for c in out} == {(r, s) for r in plan.routers for s in (0, 1)}
+    assert len(json.loads((tmp_path / "cells.json").read_text())) == 8
+    assert rf.prompt_seed(rf.WARM_UP_SEED, "round-robin", cells[0]) not in {
+        rf.prompt_seed(s, r, c) for s in (0, 1) for r in plan.routers for c in cells
+    }
+    calls.clear()
+    rf.run_real(rf.RealPlan(routers=["kv-aware"], cells=cells[:1], seeds=[0], warm_up=False),
+                tmp_path, Console(file=open(tmp_path / "log2", "w")))  # noqa: SIM115  # fmt: skip
+    assert calls == [(cells[0], "kv-aware", 0)]
