@@ -51,6 +51,9 @@ VARIANTS = {
     # No eviction cost: rank pods by predicted TTFT alone, so a shared prefix spills to
     # a second pod as soon as that pod's cold prefill beats the holder's queue.
     "no-eviction-cost": Variant("no-eviction-cost", kv_overrides={"eviction_weight": 0.0}),
+    # Every L0 write priced as evicting, however empty the pod's cache (roomy_share 0):
+    # a pod lacking a prefix pays its prefill twice, so a hot prefix is copied later.
+    "full-cache": Variant("full-cache", kv_overrides={"roomy_share": 0.0}),
 }
 
 

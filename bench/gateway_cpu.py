@@ -1,0 +1,102 @@
+"""A gateway's CPU per request at a modest open-loop rate, in front of simulated pods.
+
+    python -m bench.gateway_cpu --strategy round-robin --rate 32 --max-tokens 16
+
+The overhead benchmark (``kvgate bench overhead``) measures a saturated gateway, where
+the event loop serves many requests per wake-up. A fleet of CPU pods is served at tens
+of requests a second, where every upstream chunk, client write and KV event wakes the
+loop on its own; what a request costs there is what the gateway takes from pods that
+share its cores (``kvgate bench real`` runs both on this machine's two cores). This
+starts two simulated pods (KV events on unless ``--no-events``) and one gateway, sends
+the real-fleet benchmark's ``users`` workload (1,024-token system prompt, 512-token
+user contexts, streamed answers of ``--max-tokens``) at ``--rate`` requests a second,
+and prints the gateway process's CPU time per request and per second of load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+
+import openai
+from rich.console import Console
+
+from bench.gateway_proc import run_gateway
+from bench.loadgen import ChatRequest
+from bench.sim.launch import sim_fleet
+from bench.tinymodel import MODEL_NAME, ensure_tokenizer
+from bench.workloads import user_contexts_workload
+
+
+def cpu_ticks(pid: int) -> int:
+    """utime + stime of ``pid``, in clock ticks (1/100 s on Linux)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+async def _one(client: openai.AsyncOpenAI, req: ChatRequest, at_s: float, max_tokens: int) -> None:
+    await asyncio.sleep(at_s)
+    stream = await client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=req.messages,
+        max_tokens=max_tokens,
+        stream=True,
+    )
+    async for _ in stream:
+        pass
+
+
+async def _drive(url: str, reqs: list[ChatRequest], rate: float, max_tokens: int) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+    await asyncio.gather(*(_one(client, r, i / rate, max_tokens) for i, r in enumerate(reqs)))
+    await client.close()
+
+
+def measure(
+    strategy: str, rate: float, max_tokens: int, events: bool, seeds: int
+) -> dict[str, float]:
+    tok = ensure_tokenizer()
+    reqs = [r for s in range(seeds) for r in user_contexts_workload(tok, seed=s).requests()]
+    with sim_fleet(2, kv_events=True, block_size=32, itl_s=0.005, overhead_s=0.005) as pods:
+        env = {"KVGATE_MODELS": json.dumps({MODEL_NAME: {"block_size": 32, "tokenizer": str(tok)}})}
+        specs = [
+            (p.name, f"{p.url},events={p.events_endpoint},replay={p.replay_endpoint}"
+             if events else p.url)
+            for p in pods
+        ]  # fmt: skip
+        with run_gateway(specs, strategy, env=env) as url:
+            time.sleep(1.0)  # start-up work (imports, tokenizer warm-up) is not counted
+            before, started = cpu_ticks(url.pid), time.perf_counter()
+            asyncio.run(_drive(url, reqs, rate, max_tokens))
+            wall = time.perf_counter() - started
+            cpu_s = (cpu_ticks(url.pid) - before) / 100
+    return {"requests": len(reqs), "wall_s": wall, "cpu_s": cpu_s,
+            "ms_per_request": 1000 * cpu_s / len(reqs), "core_share": cpu_s / wall}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--strategy", default="round-robin")
+    p.add_argument("--rate", type=float, default=32.0, help="requests per second")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--no-events", action="store_true", help="pods without KV events")
+    p.add_argument("--seeds", type=int, default=4, help="96 requests per seed")
+    args = p.parse_args(argv)
+    console = Console()
+    with console.status(f"{args.strategy} at {args.rate:g} req/s ..."):
+        r = measure(args.strategy, args.rate, args.max_tokens, not args.no_events, args.seeds)
+    console.print(
+        f"{args.strategy}, {args.rate:g} req/s, {args.max_tokens} tokens streamed, KV events "
+        f"{'off' if args.no_events else 'on'}: {r['requests']:.0f} requests in "
+        f"{r['wall_s']:.1f} s, gateway CPU {r['cpu_s']:.2f} s = {r['ms_per_request']:.2f} ms "
+        f"per request, {r['core_share']:.1%} of a core",
+        soft_wrap=True,  # one line, however narrow the terminal
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

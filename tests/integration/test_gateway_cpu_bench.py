@@ -1,0 +1,30 @@
+"""``python -m bench.gateway_cpu``: a gateway's CPU per request in front of simulated pods."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from bench.gateway_cpu import cpu_ticks
+
+
+def test_cpu_ticks_reads_this_process_and_grows_with_work():
+    before = cpu_ticks(os.getpid())
+    end = sum(i * i for i in range(3_000_000))  # ~0.2 s of CPU: at least a few ticks
+    assert end > 0 and cpu_ticks(os.getpid()) > before
+
+
+def test_the_benchmark_reports_the_gateways_cpu_per_request():
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.gateway_cpu", "--seeds", "1", "--rate", "48",
+         "--max-tokens", "2"],
+        capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    found = re.search(r"96 requests in [\d.]+ s, gateway CPU ([\d.]+) s = ([\d.]+) ms per request",
+                      out.stdout)  # fmt: skip
+    assert found, out.stdout + out.stderr
+    cpu_s, per_request_ms = float(found[1]), float(found[2])
+    # both printed to 2 decimals: the per-request figure is the total over 96 requests
+    assert cpu_s > 0 and abs(per_request_ms - 1000 * cpu_s / 96) < 0.06
