@@ -25,16 +25,10 @@ from rich.console import Console
 
 from bench.gateway_proc import run_gateway
 from bench.loadgen import ChatRequest
+from bench.overhead import process_cpu_s
 from bench.sim.launch import sim_fleet
 from bench.tinymodel import MODEL_NAME, ensure_tokenizer
 from bench.workloads import user_contexts_workload
-
-
-def cpu_ticks(pid: int) -> int:
-    """utime + stime of ``pid``, in clock ticks (1/100 s on Linux)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
 
 
 async def _one(client: openai.AsyncOpenAI, req: ChatRequest, at_s: float, max_tokens: int) -> None:
@@ -69,10 +63,10 @@ def measure(
         ]  # fmt: skip
         with run_gateway(specs, strategy, env=env) as url:
             time.sleep(1.0)  # start-up work (imports, tokenizer warm-up) is not counted
-            before, started = cpu_ticks(url.pid), time.perf_counter()
+            before, started = process_cpu_s(url.pid), time.perf_counter()
             asyncio.run(_drive(url, reqs, rate, max_tokens))
             wall = time.perf_counter() - started
-            cpu_s = (cpu_ticks(url.pid) - before) / 100
+            cpu_s = process_cpu_s(url.pid) - before
     return {"requests": len(reqs), "wall_s": wall, "cpu_s": cpu_s,
             "ms_per_request": 1000 * cpu_s / len(reqs), "core_share": cpu_s / wall}  # fmt: skip
 
