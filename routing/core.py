@@ -202,7 +202,9 @@ class RoutingCore:
         occupancy = self._occupancy
         for c in candidates:
             load, engine = self.load.get(c.pod), c.engine
-            held = occupancy(c.pod) if occupancy is not None else None
+            held = None  # read only where it means something: with a known L0 size
+            if occupancy is not None and engine.kv_capacity_blocks > 0:
+                held = occupancy(c.pod)
             views.append(
                 PodView(
                     id=c.pod,

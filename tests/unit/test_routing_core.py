@@ -162,7 +162,7 @@ def test_route_counts_uncached_tokens_at_once_speculates_and_finish_observes_onc
 def test_views_give_each_pod_its_scraped_l0_size_and_the_index_occupancy():
     recorder = _Recorder()
     core = RoutingCore(recorder)
-    held = {"a": 700, "b": 1200}
+    held = {"a": 700, "b": 1200, "d": 5}  # d: held, but its size unknown
     core.set_occupancy(held.get)
     candidates = [
         Candidate("a", EngineLoad(kv_capacity_blocks=1000)),
