@@ -99,7 +99,7 @@ async def index_stats(request: Request) -> Response:
             "l0": {
                 pod.name: {
                     "capacity_blocks": pod.engine.kv_capacity_blocks,
-                    "held_blocks": gw.kv.store.l0_blocks_now(pod.name),
+                    "held_blocks": gw.kv.l0_blocks_now(pod.name),
                 }
                 for pod in gw.registry.all()
             },

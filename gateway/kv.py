@@ -273,6 +273,17 @@ class KvIndex:
             applied += await ingestor.apply_batch(batch, batch.dp_rank or 0)
         return applied
 
+    def l0_blocks_now(self, pod: str) -> int | None:
+        """``pod``'s L0 occupancy by its events (``IndexStore.l0_blocks_now``), or
+        None where its events are not followed: a pod that publishes none (or has not
+        posted any yet) may hold anything. A followed pod whose events stored nothing
+        holds nothing this gateway knows of: a pod just started or reset is empty, and
+        after a gateway restart every count starts at 0 alike (warm start replays
+        what the pods still buffer)."""
+        if pod not in self._subscribers and pod not in self._http_ingestors:
+            return None
+        return self.store.l0_blocks_now(pod)
+
     def followed_pods(self) -> list[str]:
         """Pods whose KV events this index follows over ZMQ."""
         return list(self._subscribers)

@@ -158,7 +158,7 @@ async def running_gateway(
         kv = KvIndex(settings, prometheus, client, worker is None or worker.writes_shared_events)
         if settings.index.speculative_ttl_s > 0:  # 0: no speculative entries at all
             core.set_speculation(kv.speculate)
-        core.set_occupancy(kv.store.l0_blocks_now)
+        core.set_occupancy(kv.l0_blocks_now)
         scale = scale_out(settings, core, kv, registry, prometheus, worker)  # load view first
         registry.on_admit(kv.pod_admitted)
         registry.on_eject(kv.pod_ejected)

@@ -483,12 +483,13 @@ class MemoryStore:
 
     def l0_blocks_now(self, pod: str) -> int | None:
         """Blocks ``pod``'s events put in its L0 and have not removed (its prefix cache's
-        occupancy); None for a pod never seen, or once this index has dropped keys for
-        its own capacity (the count is then only a lower bound)."""
-        slot = self._slot_of.get(pod)
-        if slot is None or self.capacity_evictions:
+        occupancy): 0 for a pod whose events stored nothing yet; None once this index
+        has dropped keys for its own capacity (every count is then only a lower bound).
+        Whether ``pod``'s events are followed at all is the caller's to know."""
+        if self.capacity_evictions:
             return None
-        return self._counts[slot][0]
+        slot = self._slot_of.get(pod)
+        return 0 if slot is None else self._counts[slot][0]
 
     def bounds(self) -> dict[str, Bound]:
         return {"index": Bound(len(self._entries), self.capacity, "keys", KEY_BYTES)}

@@ -120,9 +120,10 @@ class IndexStore(Protocol):
     async def drop_pod(self, pod: str) -> None: ...
 
     def l0_blocks_now(self, pod: str) -> int | None:
-        """How many blocks ``pod`` holds in L0 by its events, from an in-process view;
-        None where no such view is exact (the pod is unknown, or the index has dropped
-        keys for its own capacity). Read on every routing, so it must not wait."""
+        """How many blocks ``pod`` holds in L0 by its events since this index began
+        following them (0 if none arrived), from an in-process view; None where no
+        such view is exact (the store keeps none, or has dropped keys for its own
+        capacity). Read on every routing, so it must not wait."""
         ...
 
     async def stats(self) -> IndexStats: ...

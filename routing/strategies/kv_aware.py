@@ -35,8 +35,9 @@ prefill. Why not all the free room: a cache under pressure is empty only for its
 seconds, and what a copy fills then is evicted later all the same; counting that room
 as free made the first placements of ``kvgate bench des --preset quick`` spread
 prefixes, which the fleet paid for through the run (rag L0 TTFT p90 median 90 -> 197
-ms over 12 seeds; with a quarter, unchanged). Unknown size or occupancy is priced as
-a full cache.
+ms over 12 seeds; with a quarter, unchanged). Unknown size or occupancy (a pod
+whose events the gateway does not follow) is priced as a full cache; a followed pod
+whose events stored nothing holds nothing (a pod just started or reset is empty).
 """
 
 from __future__ import annotations

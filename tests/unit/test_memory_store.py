@@ -85,7 +85,7 @@ def test_stats_count_entries_per_pod_and_tier() -> None:
 
 def test_l0_blocks_now_follows_a_pods_events_until_capacity_makes_it_a_lower_bound() -> None:
     s = MemoryStore(capacity_keys=8)
-    assert s.l0_blocks_now("a") is None  # never seen
+    assert s.l0_blocks_now("a") == 0  # no event stored anything yet
 
     s.apply_now("a", [Stored(L0, K[:5]), Stored(L1, K[5:7])])
     s.apply_now("b", [Stored(L0, K[:2])])
@@ -99,6 +99,7 @@ def test_l0_blocks_now_follows_a_pods_events_until_capacity_makes_it_a_lower_bou
 
     s.apply_now("b", [Stored(L0, K[8:16])])  # 8 more keys in an 8-key index: evictions
     assert (s.capacity_evictions > 0, s.l0_blocks_now("b")) == (True, None)
+    assert s.l0_blocks_now("c") is None  # every count is a lower bound now, even 0
 
 
 def test_l2_rewritten_by_another_pod_moves_the_writer() -> None:

@@ -283,9 +283,14 @@ async def test_the_gateway_and_the_des_route_the_same_burst_to_the_same_pods(str
 
 
 def test_kv_aware_sends_the_burst_where_the_index_says_the_prefixes_are():
-    """The parity above is not by chance: warm families go to their holders."""
-    des = _des_decisions("kv-aware", KV_OPTIONS)
+    """The parity above is not by chance: warm families go to their holders while
+    every cache is priced as full (``roomy_share`` 0) ..."""
+    des = _des_decisions("kv-aware", {**KV_OPTIONS, "roomy_share": 0.0})
     assert (des[2], des[3]) == ("pod-2", "pod-1")  # family 2 on pod-2, family 0 on pod-1
+    # ... and with room, family 0's prefix is copied to pod-0 (which events show empty)
+    # rather than queued behind pod-1's cold family-1 prefill.
+    des = _des_decisions("kv-aware", KV_OPTIONS)
+    assert (des[1], des[2], des[3]) == ("pod-1", "pod-2", "pod-0")
 
 
 def test_the_prompt_size_estimate_takes_any_prompt_items():
