@@ -88,6 +88,9 @@ class FleetPlan:
     gateways: int = 1
     workers: int = 1
     share_load: bool = True
+    # kvgate's health-probe period (each probe reads the pod's /health, /v1/models and
+    # /metrics); None: the benchmark gateways' 0.5 s (bench.gateway_proc).
+    health_interval_s: float | None = None
 
 
 @dataclass
@@ -188,6 +191,8 @@ def _gateway_env(plan: FleetPlan, redis_url: str | None) -> dict[str, str]:
         env["KVGATE_STRATEGY_OPTIONS"] = json.dumps({"kv-aware": {"cost_model": cost}})
     if redis_url:
         env |= {"KVGATE_INDEX__BACKEND": "redis", "KVGATE_INDEX__REDIS_URL": redis_url}
+    if plan.health_interval_s is not None:
+        env["KVGATE_HEALTH__INTERVAL_S"] = str(plan.health_interval_s)
     return env
 
 

