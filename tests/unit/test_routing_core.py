@@ -254,7 +254,9 @@ async def _gateway_decisions(strategy: str, options: dict | None) -> list[str]:
         kv = KvIndex(settings, prometheus, client)
         core = RoutingCore.from_config(settings.strategy, settings.strategy_options,
                                        speculate=kv.speculate)  # fmt: skip
-        core.set_occupancy(kv.store.l0_blocks_now)  # as gateway.state wires it
+        # gateway.state wires kv.l0_blocks_now, which answers only for pods whose events
+        # it follows; here the events are applied to the store directly, so read it.
+        core.set_occupancy(kv.store.l0_blocks_now)
         router = Router(core, GatewayMetrics(prometheus), kv)
         for pod, ops in _warm_ops(kv.keyer(MODEL)).items():
             await kv.store.apply(pod, ops)
