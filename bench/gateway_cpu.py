@@ -29,6 +29,7 @@ from bench.overhead import process_cpu_s
 from bench.sim.launch import sim_fleet
 from bench.tinymodel import MODEL_NAME, ensure_tokenizer
 from bench.workloads import user_contexts_workload
+from gateway.config import HealthSettings
 
 
 async def _one(client: openai.AsyncOpenAI, req: ChatRequest, at_s: float, max_tokens: int) -> None:
@@ -55,7 +56,12 @@ def measure(
     tok = ensure_tokenizer()
     reqs = [r for s in range(seeds) for r in user_contexts_workload(tok, seed=s).requests()]
     with sim_fleet(2, kv_events=True, block_size=32, itl_s=0.005, overhead_s=0.005) as pods:
-        env = {"KVGATE_MODELS": json.dumps({MODEL_NAME: {"block_size": 32, "tokenizer": str(tok)}})}
+        env = {
+            "KVGATE_MODELS": json.dumps({MODEL_NAME: {"block_size": 32, "tokenizer": str(tok)}}),
+            # As deployed: the default probe period, not the test gateways' 0.5 s (each
+            # probe reads /health, /v1/models and /metrics from every pod).
+            "KVGATE_HEALTH__INTERVAL_S": str(HealthSettings().interval_s),
+        }
         specs = [
             (p.name, f"{p.url},events={p.events_endpoint},replay={p.replay_endpoint}"
              if events else p.url)
