@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -104,11 +104,19 @@ class Cell:
     decision_ms: float | None = None  # kvgate only: tokenize + lookup + choose
     gateway_prediction_error: float | None = None  # kvgate only: on its own clock
     ttfts_ms: list[float] = field(default_factory=list)
+    # Every request's result (``kvgate bench real`` writes them out, one row each).
+    results: list[RequestResult] = field(default_factory=list, repr=False)
     skipped: str = ""
     gateways: int = 1  # kvgate replicas the requests were spread over
     per_gateway: list[int] = field(default_factory=list)  # requests each replica served
     gateway_rss_mib: list[float] = field(default_factory=list)  # each replica's RSS at the end
     redis_mib: float | None = None  # the shared Redis's used_memory at the end
+
+    def as_json(self) -> dict[str, Any]:
+        """The cell as results.json keeps it: without its per-request lists."""
+        row = asdict(replace(self, ttfts_ms=[], results=[]))
+        del row["ttfts_ms"], row["results"]
+        return row
 
     @property
     def overhead_ms(self) -> float | None:
@@ -279,6 +287,7 @@ def run_cell(plan: FleetPlan, workload: Workload, tier: str, load: Load, router:
                 results = _drive(routers.urls, plan, workload, load, label)
                 cell.summary = summarize(router, results, time.perf_counter() - started)
                 cell.ttfts_ms = [r.ttft_s * 1000 for r in results if r.ok]
+                cell.results = results
                 cell.stats = collect([p.url for p in pods], simulated=not plan.pods_url)
                 cell.per_gateway = [
                     sum(1 for r in results if r.gateway == i) for i in range(len(routers.urls))

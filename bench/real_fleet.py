@@ -36,6 +36,7 @@ from rich.table import Table
 
 from bench.calibrate import PrefillFit, measure_pod
 from bench.fleet import Cell, FleetPlan, Load, is_peer, run_cell_retrying
+from bench.loadgen import RequestResult
 from bench.podstats import parse_metrics
 from bench.stats import pct
 from bench.tinymodel import MODEL_NAME, ensure_tokenizer
@@ -170,7 +171,13 @@ def prompt_seed(seed: int, router: str, cell: str) -> int:
 
 
 def run_real_cell(
-    plan: RealPlan, specs: list[str], urls: list[str], cell: str, router: str, seed: int
+    plan: RealPlan,
+    specs: list[str],
+    urls: list[str],
+    cell: str,
+    router: str,
+    seed: int,
+    requests_out: Path | None = None,
 ) -> RealCell:
     name, _, load = cell.partition("@")
     workload = make_workload(name, prompt_seed(seed, router, cell))
@@ -190,9 +197,25 @@ def run_real_cell(
     before = served_per_pod(urls)
     out = run_cell_retrying(fleet, workload, "as deployed", Load.parse(load), router)
     after = served_per_pod(urls)
+    if requests_out is not None:
+        write_requests(requests_out, out.results, cell=cell, router=router, seed=seed)
     return _real_cell(
         out, name, load, router, seed, [a - b for a, b in zip(after, before, strict=True)]
     )
+
+
+def write_requests(path: Path, results: Sequence[RequestResult], **cell: str | int) -> None:
+    """Append one JSON row per request: what it was, where it went, what it cost and
+    what kvgate predicted, for analyses the report's medians do not make."""
+    with path.open("a") as f:
+        for r in results:
+            row = {**cell, "index": r.index, "ok": r.ok, "pod": r.pod,
+                   "sent_ms": round(r.sent_s * 1000, 2), "ttft_ms": round(r.ttft_s * 1000, 2),
+                   "predicted_ttft_ms": None if r.predicted_ttft_s is None
+                   else round(r.predicted_ttft_s * 1000, 2),
+                   "prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens,
+                   "predicted_cached_tokens": r.predicted_cached_tokens}  # fmt: skip
+            f.write(json.dumps(row) + "\n")
 
 
 def _real_cell(
@@ -213,6 +236,7 @@ def run_real(plan: RealPlan, out: Path, console: Console | None = None) -> list[
     console = console or Console(width=160)
     out.mkdir(parents=True, exist_ok=True)
     cells = earlier_cells(out / "cells.json", plan) if plan.append else []
+    keep_earlier_requests(out / "requests.jsonl", plan)
     with real_pods(plan.pods, out / "vllm-logs", plan.pin_cores) as pods:
         urls = [p.url for p in pods]
         specs = [f"{p.url},events={p.events_endpoint},replay={p.replay_endpoint}" for p in pods]
@@ -236,7 +260,8 @@ def run_real(plan: RealPlan, out: Path, console: Console | None = None) -> list[
                 for seed in plan.seeds:
                     order = _rotated(list(plan.routers), seed)  # no router always goes first
                     for router in order:
-                        rc = run_real_cell(plan, specs, urls, cell, router, seed)
+                        rc = run_real_cell(plan, specs, urls, cell, router, seed,
+                                           requests_out=out / "requests.jsonl")  # fmt: skip
                         cells.append(rc)
                         _print_cell(console, rc)
                         (out / "cells.json").write_text(
@@ -283,6 +308,23 @@ def earlier_cells(path: Path, plan: RealPlan) -> list[RealCell]:
              for c in plan.cells for r in plan.routers for s in plan.seeds}  # fmt: skip
     cells = [RealCell(**c) for c in json.loads(path.read_text())]
     return [c for c in cells if (c.workload, c.load, c.router, c.seed) not in again]
+
+
+def keep_earlier_requests(path: Path, plan: RealPlan) -> None:
+    """Start the run's requests.jsonl: empty, or with ``--append`` the earlier rows of
+    the cells this plan does not run again."""
+    if not plan.append or not path.exists():
+        path.unlink(missing_ok=True)
+        return
+    again = {(c, r, s) for c in plan.cells for r in plan.routers for s in plan.seeds}
+    rows = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = [r for r in rows if _row_cell(r) not in again]
+    path.write_text("".join(r + "\n" for r in kept))
+
+
+def _row_cell(line: str) -> tuple[str, str, int]:
+    row = json.loads(line)
+    return row["cell"], row["router"], row["seed"]
 
 
 @contextlib.contextmanager

@@ -266,7 +266,7 @@ def write_report(cells: list[Cell], plan: FleetPlan, out_dir: Path, command: str
         "environment": env,
         "cells": [
             {
-                **{k: v for k, v in asdict(c).items() if k != "ttfts_ms"},
+                **c.as_json(),
                 "overhead_ms": c.overhead_ms,
             }
             for c in cells

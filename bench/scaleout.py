@@ -236,10 +236,7 @@ def write_scale_report(
         "environment": env,
         "rows": [asdict(r) for r in rows],
         "verdicts": [asdict(v) | {"holds": v.holds} for v in vs],
-        "cells": [
-            {**{k: v for k, v in asdict(c).items() if k != "ttfts_ms"}, "sharing": label[id(c)]}
-            for c in cells
-        ],  # fmt: skip
+        "cells": [{**c.as_json(), "sharing": label[id(c)]} for c in cells],
     }
     (out_dir / "results.json").write_text(json.dumps(data, indent=2, default=str))
     return out_dir / "report.md"

@@ -1,6 +1,7 @@
 """How the real-fleet benchmark judges its runs: medians and worsts over seeds, and
 the verdicts against the best peer policy."""
 
+import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -80,7 +81,6 @@ def test_the_doc_section_links_the_reports_plots_from_the_docs_folder(tmp_path):
 
 
 def test_an_appended_run_keeps_earlier_cells_and_replaces_those_it_runs_again(tmp_path):
-    import json
     from dataclasses import asdict
 
     from bench.real_fleet import RealPlan, earlier_cells
@@ -158,7 +158,6 @@ def test_each_cell_runs_once_unmeasured_before_the_measured_cells(tmp_path, monk
     # every cell once through round-robin first, with prompts no measured cell gets,
     # and keeps none of it.
     import contextlib
-    import json
 
     from rich.console import Console
 
@@ -174,7 +173,7 @@ def test_each_cell_runs_once_unmeasured_before_the_measured_cells(tmp_path, monk
 
     calls = []
 
-    def run_cell(plan, specs, urls, cell_name, router, seed):
+    def run_cell(plan, specs, urls, cell_name, router, seed, requests_out=None):
         calls.append((cell_name, router, seed))
         return cell(router, seed, 40)
 
@@ -221,3 +220,33 @@ def test_the_real_benchmark_runs_kvgate_with_its_default_probe_period(monkeypatc
     env = _gateway_env(plans[0], None)
     assert env["KVGATE_HEALTH__INTERVAL_S"] == str(HealthSettings().interval_s) == "2.0"
     assert "KVGATE_HEALTH__INTERVAL_S" not in _gateway_env(FleetPlan(workloads=[]), None)
+
+
+def test_every_measured_request_is_a_row_of_requests_jsonl_and_append_replaces_rerun_cells(
+    tmp_path,
+):
+    import bench.real_fleet as rf
+    from bench.loadgen import RequestResult
+
+    path = tmp_path / "requests.jsonl"
+
+    def results(n, ttft_s):
+        return [RequestResult(i, True, pod="pod-0", ttft_s=ttft_s, prompt_tokens=100,
+                              cached_tokens=64, predicted_ttft_s=ttft_s * 1.1,
+                              predicted_cached_tokens=64) for i in range(n)]  # fmt: skip
+
+    rf.keep_earlier_requests(path, rf.RealPlan())
+    rf.write_requests(path, results(3, 0.05), cell="chat@closed:4", router="kv-aware", seed=0)
+    rf.write_requests(path, results(2, 0.07), cell="chat@closed:4", router="kv-aware", seed=1)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["seed"], r["index"]) for r in rows] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+    assert rows[0]["ttft_ms"] == 50.0 and rows[0]["predicted_ttft_ms"] == 55.0
+    assert rows[0]["cached_tokens"] == 64 and rows[0]["pod"] == "pod-0"
+
+    # --append running seed 1 again keeps seed 0's rows and drops seed 1's
+    again = rf.RealPlan(routers=["kv-aware"], cells=["chat@closed:4"], seeds=[1], append=True)
+    rf.keep_earlier_requests(path, again)
+    assert [json.loads(line)["seed"] for line in path.read_text().splitlines()] == [0, 0, 0]
+    # a run without --append starts the file anew
+    rf.keep_earlier_requests(path, rf.RealPlan())
+    assert not path.exists()
