@@ -46,12 +46,32 @@ def test_a_single_100x_outlier_moves_the_estimates_less_than_one_percent():
     assert abs(after.prefill_overhead_s - before.prefill_overhead_s) < 0.01 * TRUE_OVERHEAD_S
 
 
-def test_the_base_model_holds_until_min_samples():
-    cal = Calibrator(CostModel(), min_samples=16, refit_every=1)
-    _observe(cal, random.Random(1), 15)
-    assert cal.current() == CostModel()
-    _observe(cal, random.Random(2), 1)
-    assert cal.current() != CostModel()
+def test_until_min_samples_only_the_overhead_is_fitted():
+    base = CostModel()
+    cal = Calibrator(base, min_samples=16, refit_every=1)
+    # A loaded pod: every request pays 40 ms more than the base's overhead says.
+    for prompt in (500, 1500, 1000):
+        cal.update(base.prefill_s(prompt) + 0.040, prompt, 0)
+        # from the first point on, the level follows (median of the points so far) ...
+        assert cal.current().prefill_overhead_s == pytest.approx(
+            base.prefill_overhead_s + 0.040
+        )
+    # ... and nothing else moves before min_samples, whatever the points' slope says
+    _observe(cal, random.Random(1), 12)
+    early = cal.current()
+    assert early.prefill_s_per_token == base.prefill_s_per_token
+    assert early.decode_s_per_running == base.decode_s_per_running
+    assert early.prefill_overhead_s != base.prefill_overhead_s
+    _observe(cal, random.Random(2), 1)  # the 16th point: the full fit
+    assert cal.current().prefill_s_per_token != base.prefill_s_per_token
+
+
+def test_one_early_outlier_does_not_set_the_level_once_there_are_three_points():
+    base = CostModel()
+    cal = Calibrator(base, min_samples=8)
+    for ttft in (base.prefill_s(1000) + 0.010, 100.0, base.prefill_s(1000) + 0.012):
+        cal.update(ttft, 1000, 0)
+    assert cal.current().prefill_overhead_s == pytest.approx(base.prefill_overhead_s + 0.012)
 
 
 def test_memory_is_bounded_by_the_window():
