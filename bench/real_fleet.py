@@ -211,6 +211,7 @@ def write_requests(path: Path, results: Sequence[RequestResult], **cell: str | i
         for r in results:
             row = {**cell, "index": r.index, "ok": r.ok, "pod": r.pod,
                    "sent_ms": round(r.sent_s * 1000, 2), "ttft_ms": round(r.ttft_s * 1000, 2),
+                   "e2e_ms": round(r.e2e_s * 1000, 2),
                    "predicted_ttft_ms": None if r.predicted_ttft_s is None
                    else round(r.predicted_ttft_s * 1000, 2),
                    "prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens,
