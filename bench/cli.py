@@ -107,6 +107,10 @@ def _add_real(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, default=Path("reports/real"))
     p.add_argument("--no-pin", action="store_true", help="let the pods share every core "
                    "(default: one pod per core)")  # fmt: skip
+    p.add_argument("--pod-nice", type=int, default=10, metavar="N",
+                   help="run the pods under `nice -n N`, so that routers and the load "
+                   "generator on the same cores run when they wake (default 10; 0: "
+                   "everyone's priority)")  # fmt: skip
     p.add_argument(
         "--no-warm-up",
         action="store_true",
@@ -140,6 +144,7 @@ def _real(args: argparse.Namespace) -> int:
         kv_options=args.kv_options,
         append=args.append,
         pin_cores=not args.no_pin,
+        pod_nice=args.pod_nice,
         warm_up=not args.no_warm_up,
     )
     cells = run_real(plan, args.out)

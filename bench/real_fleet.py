@@ -123,6 +123,13 @@ class RealPlan:
     # One pod per core (taskset). False: the pods share every core, as they did before
     # the benchmark pinned them (to measure what that does).
     pin_cores: bool = True
+    # The pods run under ``nice -n pod_nice``: a router or the load generator that wakes
+    # on their cores runs at once instead of waiting for a pod's time slice, as on
+    # machines of their own (0: the pods' priority is everyone's). At 0 a request's
+    # every hop through a router waited behind the pods' computing: kvgate's round-robin
+    # took 7-9 ms more than vllm-router's to a cache hit's first token (median), with the
+    # same placement; at 10, -2 to +6 ms (docs/real-engines.md).
+    pod_nice: int = 10
     # Before the measured cells, run each cell once through kvgate's round-robin and
     # discard it: a run's first cell on fresh vllm-cpu pods was 2-4x slower than the
     # same cell later, whichever router ran it (see ``warm_up``).
@@ -133,7 +140,9 @@ class RealPlan:
 
 
 @contextlib.contextmanager
-def real_pods(n: int, log_dir: Path, pin_cores: bool = True) -> Iterator[list[Any]]:
+def real_pods(
+    n: int, log_dir: Path, pin_cores: bool = True, niceness: int = 0
+) -> Iterator[list[Any]]:
     """``n`` vllm-cpu servers with prefix caching, KV events and /reset_prefix_cache, one
     per core: on a small machine two pods must not share a core (pods on accelerators of
     their own do not), or every router that spreads load pays for it."""
@@ -142,7 +151,13 @@ def real_pods(n: int, log_dir: Path, pin_cores: bool = True) -> Iterator[list[An
     python = vllm_python()
     model = ensure_tiny_model(python)
     with running_servers(
-        python, model, log_dir, n, extra_env={"VLLM_SERVER_DEV_MODE": "1"}, pin_cores=pin_cores
+        python,
+        model,
+        log_dir,
+        n,
+        extra_env={"VLLM_SERVER_DEV_MODE": "1"},
+        pin_cores=pin_cores,
+        niceness=niceness,
     ) as s:
         yield s
 
@@ -238,7 +253,7 @@ def run_real(plan: RealPlan, out: Path, console: Console | None = None) -> list[
     out.mkdir(parents=True, exist_ok=True)
     cells = earlier_cells(out / "cells.json", plan) if plan.append else []
     keep_earlier_requests(out / "requests.jsonl", plan)
-    with real_pods(plan.pods, out / "vllm-logs", plan.pin_cores) as pods:
+    with real_pods(plan.pods, out / "vllm-logs", plan.pin_cores, plan.pod_nice) as pods:
         urls = [p.url for p in pods]
         specs = [f"{p.url},events={p.events_endpoint},replay={p.replay_endpoint}" for p in pods]
         fit = measure_pod(urls[0])
@@ -535,7 +550,8 @@ def write_report(
     lines = [
         f"Real vLLM pods: {plan.pods} x vllm-cpu 0.32 (tiny random-weight Llama, block "
         f"{BLOCK_SIZE}, prefix caching and KV events on) on this 2-core machine, "
-        f"{'one pod per core' if plan.pin_cores else 'the pods sharing every core'}, routers "
+        f"{'one pod per core' if plan.pin_cores else 'the pods sharing every core'}"
+        f"{f' under `nice -n {plan.pod_nice}`' if plan.pod_nice else ''}, routers "
         f"and load generator on the same cores. Seeds {', '.join(map(str, plan.seeds))}; every "
         f"cell starts its router anew, resets the pods' prefix caches and sends prompts of "
         f"its own{WARMED if plan.warm_up else ''}; `kv-aware/no-speculation` is kv-aware "

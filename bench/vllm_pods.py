@@ -112,9 +112,11 @@ class VllmServer:
         extra_args: Sequence[str] = (),
         extra_env: dict[str, str] | None = None,
         cpus: str | None = None,
+        niceness: int = 0,
     ) -> None:
         self.python = python
         self.cpus = cpus  # taskset list, e.g. "1": the whole server on that core
+        self.niceness = niceness  # `nice -n`: every process and thread of the server
         self.model_dir = model_dir
         self.log_path = log_path
         self.name = name
@@ -147,8 +149,9 @@ class VllmServer:
             "topic": EVENTS_TOPIC,
         }
         pin = ["taskset", "-c", self.cpus] if self.cpus else []
+        nice = ["nice", "-n", str(self.niceness)] if self.niceness else []
         return [
-            *pin, str(self.python), "-m", "vllm.entrypoints.openai.api_server",
+            *nice, *pin, str(self.python), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.model_dir),
             "--served-model-name", MODEL_NAME,
             "--host", "127.0.0.1",
@@ -293,12 +296,15 @@ def running_servers(
     timeout: float = 300,
     extra_env: dict[str, str] | None = None,
     pin_cores: bool = False,
+    niceness: int = 0,
 ) -> Iterator[list[VllmServer]]:
     """Start n servers in parallel, wait for all, stop all on exit (even on error).
 
     ``pin_cores``: server i runs on core i modulo the machine's cores (``taskset``), so
     that on a small machine the pods do not share cores with each other, as pods on
-    accelerators of their own do not."""
+    accelerators of their own do not. ``niceness``: the servers run under ``nice -n``,
+    so that processes beside them on those cores (a router, the load generator) are
+    scheduled first when they wake, as on machines of their own."""
     cores = os.cpu_count() or 1
     servers = [
         VllmServer(
@@ -308,6 +314,7 @@ def running_servers(
             name=f"vllm-{i}",
             extra_env=extra_env,
             cpus=str(i % cores) if pin_cores else None,
+            niceness=niceness,
         )
         for i in range(n)
     ]

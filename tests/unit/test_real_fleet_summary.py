@@ -1,9 +1,11 @@
 """How the real-fleet benchmark judges its runs: medians and worsts over seeds, and
 the verdicts against the best peer policy."""
 
+import argparse
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -168,7 +170,7 @@ def test_each_cell_runs_once_unmeasured_before_the_measured_cells(tmp_path, monk
         url, events_endpoint, replay_endpoint = "http://pod", "tcp://e", "tcp://r"
 
     @contextlib.contextmanager
-    def pods(n, log_dir, pin_cores):
+    def pods(n, log_dir, pin_cores, niceness=0):
         yield [FakePod() for _ in range(n)]
 
     calls = []
@@ -250,3 +252,29 @@ def test_every_measured_request_is_a_row_of_requests_jsonl_and_append_replaces_r
     # a run without --append starts the file anew
     rf.keep_earlier_requests(path, rf.RealPlan())
     assert not path.exists()
+
+
+def test_pods_run_under_nice_when_asked_and_pinned_inside_it(tmp_path):
+    """``--pod-nice N``: the whole server (API server, engine core, workers) inherits the
+    niceness; without it the command is the plain pinned one."""
+    from bench.vllm_pods import VllmServer
+
+    def command(**kw):
+        return VllmServer(Path("/py"), tmp_path, tmp_path / "log", cpus="1", **kw).command()
+
+    assert command(niceness=10)[:6] == ["nice", "-n", "10", "taskset", "-c", "1"]
+    assert command(niceness=10)[6] == "/py"
+    assert command()[:4] == ["taskset", "-c", "1", "/py"]
+
+
+def test_the_real_benchmark_cli_passes_pod_nice_to_the_plan(monkeypatch, tmp_path):
+    import bench.cli as bench_cli
+    import bench.real_fleet as rf
+
+    plans = []
+    monkeypatch.setattr(rf, "run_real", lambda plan, out: plans.append(plan) or [])
+    parser = argparse.ArgumentParser()
+    bench_cli.add_arguments(parser)
+    args = parser.parse_args(["real", "--pod-nice", "7", "--out", str(tmp_path)])
+    args.bench_func(args)
+    assert plans[0].pod_nice == 7
