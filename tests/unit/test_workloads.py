@@ -15,6 +15,7 @@ from bench.workloads import (
     poisson_arrivals,
     prefix_groups_workload,
     rag_workload,
+    user_contexts_workload,
 )
 
 
@@ -114,3 +115,29 @@ def test_the_shared_mooncake_trace_loads_without_bad_lines():
         pytest.skip(f"the Mooncake trace is not on this machine ({DEFAULT_TRACE}; KVGATE_TRACE)")
     load = load_trace(DEFAULT_TRACE, limit=500)
     assert len(load.rows) == 500 and load.skipped == 0
+
+
+def test_shuffled_users_send_the_same_questions_each_round_in_another_order(tok):
+    """In plain ``users`` the users take turns, so a round-robin over two pods sends each
+    user's questions to one pod (16 is even); shuffled, they do not."""
+    kw = dict(users=8, questions_per_user=4, system_tokens=64, context_tokens=32)
+    plain = user_contexts_workload(tok, seed=5, **kw).requests()
+    mixed_w = user_contexts_workload(tok, seed=5, shuffled=True, **kw)
+    mixed = mixed_w.requests()
+    assert mixed_w.name == "users-shuffled" and all(len(s) == 1 for s in mixed_w.sessions)
+    assert len(mixed) == len(plain) == 32
+    for r in range(4):  # each round: the same 8 questions, another order
+        plain_round, mixed_round = plain[8 * r : 8 * r + 8], mixed[8 * r : 8 * r + 8]
+        assert sorted(q.user for q in mixed_round) == sorted(q.user for q in plain_round)
+        assert {str(q.messages) for q in mixed_round} == {str(q.messages) for q in plain_round}
+    assert [q.user for q in mixed] != [q.user for q in plain]
+    pods_of = {}
+    for i, q in enumerate(plain):
+        pods_of.setdefault(q.user, set()).add(i % 2)
+    assert all(len(p) == 1 for p in pods_of.values())  # round-robin: one pod a user
+    pods_of = {}
+    for i, q in enumerate(mixed):
+        pods_of.setdefault(q.user, set()).add(i % 2)
+    assert any(len(p) == 2 for p in pods_of.values())
+    again = user_contexts_workload(tok, seed=5, shuffled=True, **kw).requests()
+    assert [q.user for q in again] == [q.user for q in mixed]  # seeded
