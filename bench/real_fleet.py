@@ -54,7 +54,14 @@ ROUTERS = (
     "vllm-router:round_robin",
     "sglang-router:cache_aware",
 )
-CELLS = ("chat@closed:2", "chat@closed:4", "chat@closed:8", "rag@closed:4", "users@poisson:8")
+CELLS = (
+    "chat@closed:2",
+    "chat@closed:4",
+    "chat@closed:8",
+    "rag@closed:4",
+    "users@poisson:8",
+    "users-shuffled@poisson:8",
+)
 ACCEPTANCE_CELLS = ("chat@closed:4", "users@poisson:8")
 
 

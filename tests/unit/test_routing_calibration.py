@@ -53,9 +53,7 @@ def test_until_min_samples_only_the_overhead_is_fitted():
     for prompt in (500, 1500, 1000):
         cal.update(base.prefill_s(prompt) + 0.040, prompt, 0)
         # from the first point on, the level follows (median of the points so far) ...
-        assert cal.current().prefill_overhead_s == pytest.approx(
-            base.prefill_overhead_s + 0.040
-        )
+        assert cal.current().prefill_overhead_s == pytest.approx(base.prefill_overhead_s + 0.040)
     # ... and nothing else moves before min_samples, whatever the points' slope says
     _observe(cal, random.Random(1), 12)
     early = cal.current()
