@@ -103,7 +103,6 @@ class Cell:
     stats: FleetStats | None = None
     decision_ms: float | None = None  # kvgate only: tokenize + lookup + choose
     gateway_prediction_error: float | None = None  # kvgate only: on its own clock
-    ttfts_ms: list[float] = field(default_factory=list)
     # Every request's result (``kvgate bench real`` writes them out, one row each).
     results: list[RequestResult] = field(default_factory=list, repr=False)
     skipped: str = ""
@@ -113,10 +112,15 @@ class Cell:
     redis_mib: float | None = None  # the shared Redis's used_memory at the end
 
     def as_json(self) -> dict[str, Any]:
-        """The cell as results.json keeps it: without its per-request lists."""
-        row = asdict(replace(self, ttfts_ms=[], results=[]))
-        del row["ttfts_ms"], row["results"]
+        """The cell as results.json keeps it: without its per-request results."""
+        row = asdict(replace(self, results=[]))
+        del row["results"]
         return row
+
+    @property
+    def ttfts_ms(self) -> list[float]:
+        """TTFT of each request that succeeded, in ms (the plots' distributions)."""
+        return [r.ttft_s * 1000 for r in self.results if r.ok]
 
     @property
     def overhead_ms(self) -> float | None:
@@ -286,7 +290,6 @@ def run_cell(plan: FleetPlan, workload: Workload, tier: str, load: Load, router:
                 started = time.perf_counter()
                 results = _drive(routers.urls, plan, workload, load, label)
                 cell.summary = summarize(router, results, time.perf_counter() - started)
-                cell.ttfts_ms = [r.ttft_s * 1000 for r in results if r.ok]
                 cell.results = results
                 cell.stats = collect([p.url for p in pods], simulated=not plan.pods_url)
                 cell.per_gateway = [

@@ -328,10 +328,15 @@ def earlier_cells(path: Path, plan: RealPlan) -> list[RealCell]:
     """The cells an earlier run left in ``path``, less those this plan runs again."""
     if not path.exists():
         return []
-    again = {(c.partition("@")[0], c.partition("@")[2], r, s)
-             for c in plan.cells for r in plan.routers for s in plan.seeds}  # fmt: skip
+    again = _rerun(plan)
     cells = [RealCell(**c) for c in json.loads(path.read_text())]
-    return [c for c in cells if (c.workload, c.load, c.router, c.seed) not in again]
+    return [c for c in cells if (f"{c.workload}@{c.load}", c.router, c.seed) not in again]
+
+
+def _rerun(plan: RealPlan) -> set[tuple[str, str, int]]:
+    """(cell, router, seed) of every cell ``plan`` runs: with ``--append`` these replace
+    an earlier run's."""
+    return {(c, r, s) for c in plan.cells for r in plan.routers for s in plan.seeds}
 
 
 def keep_earlier_requests(path: Path, plan: RealPlan) -> None:
@@ -340,7 +345,7 @@ def keep_earlier_requests(path: Path, plan: RealPlan) -> None:
     if not plan.append or not path.exists():
         path.unlink(missing_ok=True)
         return
-    again = {(c, r, s) for c in plan.cells for r in plan.routers for s in plan.seeds}
+    again = _rerun(plan)
     rows = [line for line in path.read_text().splitlines() if line.strip()]
     kept = [r for r in rows if _row_cell(r) not in again]
     path.write_text("".join(r + "\n" for r in kept))
