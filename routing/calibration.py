@@ -122,11 +122,10 @@ class Calibrator:
         first requests of a new gateway were under-predicted by a median 46-63% when
         they were predicted from the idle pod's overhead."""
         base = self.base
-        overhead = median(
-            y - base.prefill_s_per_token * x - base.decode_s_per_running * r
-            for x, r, y in self._points
+        overhead = self._overhead(
+            list(self._points), base.prefill_s_per_token, base.decode_s_per_running
         )
-        return replace(base, prefill_overhead_s=self._clamp_overhead(overhead))
+        return replace(base, prefill_overhead_s=overhead)
 
     def refit(self) -> CostModel:
         """Fit now (normally every ``refit_every`` updates) and return the model."""
@@ -147,8 +146,7 @@ class Calibrator:
             fitted = _robust_slope([(r, y - slope * x) for x, r, y in points])
             if fitted is not None:
                 per_running = min(max(fitted, 0.0), self._running_cap())
-        overhead = median(y - slope * x - per_running * r for x, r, y in points)
-        overhead = self._clamp_overhead(overhead)
+        overhead = self._overhead(points, slope, per_running)
         self._model = replace(
             base,
             prefill_tokens_per_s=1.0 / slope,
@@ -157,9 +155,14 @@ class Calibrator:
         )
         return self._model
 
-    def _clamp_overhead(self, overhead: float) -> float:
-        """Within [0, ``max_change`` x the base's], and at least 1 s may be learnt."""
-        return min(max(overhead, 0.0), max(self.base.prefill_overhead_s * self._max_change, 1.0))
+    def _overhead(
+        self, points: list[tuple[int, int, float]], s_per_token: float, s_per_running: float
+    ) -> float:
+        """The median of what these slopes leave of each point, within [0, ``max_change``
+        x the base's] (and at least 1 s may be learnt)."""
+        overhead = median(y - s_per_token * x - s_per_running * r for x, r, y in points)
+        cap = max(self.base.prefill_overhead_s * self._max_change, 1.0)
+        return min(max(overhead, 0.0), cap)
 
     def _running_cap(self) -> float:
         """Upper bound of the fitted per-running cost: ``max_change`` x the base's, and
