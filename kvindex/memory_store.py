@@ -23,7 +23,15 @@ the event loop, so a lookup must not cost a Python loop iteration per key:
   what touching at once would make, and a repeated walk, or the router's
   speculation right after its lookup, saves the touches altogether);
 * per-pod key sets make ``drop_pod``/``Cleared`` O(keys that pod holds), not a
-  scan of the whole index.
+  scan of the whole index. They are ``dict[int, None]`` (``KeySet``), not ``set``:
+  CPython's cyclic collector never tracks a dict of ints and None, but walks every
+  entry of a set on each full collection: in a full index of 2M keys a full
+  collection took 103-114 ms with sets, a pause for every request in flight, and 6-7
+  ms with dicts (the last line of ``kvgate bench index``);
+* at capacity every new prompt evicts as many keys as it adds; keys evicted together
+  were mostly written together, so their per-pod entries go a run of equal states
+  at a time (``_evict_beyond_capacity``): a new 100-block prompt's lookup and
+  speculation in a full index, p50 201-209 µs before, 132-137 after.
 
 Chain summaries per 16-block group (what ``RedisStore`` keeps, from the ops'
 ``Positions``) would cut the reads further, but every write would then have to
@@ -41,9 +49,9 @@ until their deadline unless a real ``Stored(L0)`` confirms them first. A lookup
 that reaches a key only expired speculation held drops that key and stops there;
 the keys it walks forget their expired speculation (one new state per run).
 
-Sizing: about 225 bytes per key held by two pods (``KEY_BYTES``: the map's entry
+Sizing: about 245 bytes per key held by two pods (``KEY_BYTES``: the map's entry
 and LRU node, the key int, per-pod set entries; states are shared), so
-``capacity_keys=1_000_000`` is ~225 MB; queued lookup touches add at most
+``capacity_keys=1_000_000`` is ~245 MB; queued lookup touches add at most
 65,536 references (~0.5 MB).
 
 Every method has a synchronous ``*_now`` twin for the discrete-event simulator,
@@ -73,10 +81,14 @@ from kvindex.touch_queue import TouchQueue
 from kvindex.types import Bound, PodPrefix, PrefixMatch, Tier
 
 # a key held by two pods, its state shared with its chain's (tracemalloc, CPython 3.11)
-KEY_BYTES = 225
+KEY_BYTES = 245
+
+# Keys as a dict's keys, every value None: what the GC never walks (module docstring).
+KeySet = dict[int, None]
 
 _FIRST_CHUNK = 64  # keys read before the first check for an absent one (x8 each round)
 _WRITER = itemgetter(2)
+_STATE = itemgetter(1)  # of an (key, state) item
 
 
 class MemoryStore:
@@ -93,9 +105,9 @@ class MemoryStore:
         self._slot_of: dict[str, int] = {}
         self._pods: list[str | None] = []  # slot -> pod name (None: free)
         self._free: list[int] = []
-        self._pod_keys: list[set[int]] = []  # slot -> keys with any l0/l1/spec bit of it
+        self._pod_keys: list[KeySet] = []  # slot -> keys with any l0/l1/spec bit of it
         self._counts: list[list[int]] = []  # slot -> [n L0, n L1]
-        self._l2_keys: dict[str, set[int]] = {}  # writer pod -> its L2 keys
+        self._l2_keys: dict[str, KeySet] = {}  # writer pod -> its L2 keys
         self._touches = TouchQueue(self._entries)  # lookups' LRU touches, applied by writes
         # the last lookup's walked keys and their states (a run at a time), while no
         # write has changed any state since: what the speculation after it starts from
@@ -176,7 +188,7 @@ class MemoryStore:
             return  # confirmed entries never expire
         new = (state[0], state[1], state[2], spec_with(state[3], slot, deadline))
         entries.update(zip(keys, repeat(new)))  # present keys keep their place
-        self._pod_keys[slot].update(keys)
+        self._pod_keys[slot].update(zip(keys, repeat(None)))
 
     def _speculate_keys(self, keys: Sequence[int], slot: int, deadline: float) -> None:
         bit = 1 << slot
@@ -188,10 +200,8 @@ class MemoryStore:
             # one): the loop below would add each key in order and evict the oldest
             # beyond capacity, which is this, at C speed.
             entries.update(zip(keys, repeat(fresh)))
-            pod_keys.update(keys)
-            while len(entries) > self.capacity:
-                self._unlink(*entries.popitem(last=False))
-                self.capacity_evictions += 1
+            pod_keys.update(zip(keys, repeat(None)))
+            self._evict_beyond_capacity()
             return
         memo: dict[int, tuple[State, State]] = {}  # id(old) -> (old, new): one per state
         for key in keys:
@@ -207,7 +217,7 @@ class MemoryStore:
                     new = (old[0], old[1], old[2], spec_with(old[3], slot, deadline))
                     hit = memo[id(old)] = (old, new)
                 entries[key] = hit[1]
-            pod_keys.add(key)
+            pod_keys[key] = None
 
     def drop_pod_now(self, pod: str) -> None:
         """Forget an ejected pod's L0/L1 entries; its L2 writes stay (shared storage)."""
@@ -228,12 +238,12 @@ class MemoryStore:
         if self._free:
             slot = self._free.pop()
             self._pods[slot] = pod
-            self._pod_keys[slot] = set()
+            self._pod_keys[slot] = {}
             self._counts[slot] = [0, 0]
         else:
             slot = len(self._pods)
             self._pods.append(pod)
-            self._pod_keys.append(set())
+            self._pod_keys.append({})
             self._counts.append([0, 0])
         self._slot_of[pod] = slot
         return slot
@@ -247,11 +257,41 @@ class MemoryStore:
             self._unlink(old_key, old)
             self.capacity_evictions += 1
 
+    def _evict_beyond_capacity(self) -> None:
+        """Drop the least recently used keys beyond capacity, at once. At capacity every
+        new prompt evicts as many keys as it adds, and the keys evicted together were
+        mostly written together (a chain, one shared state): their per-pod entries and
+        counts go a run of equal states at a time, not a Python call per key."""
+        excess = len(self._entries) - self.capacity
+        if excess <= 0:
+            return
+        popitem = self._entries.popitem
+        evicted = [popitem(last=False) for _ in range(excess)]
+        self.capacity_evictions += excess
+        for state, run in groupby(evicted, key=_STATE):
+            self._unlink_run([key for key, _ in run], state)
+
+    def _unlink_run(self, keys: Sequence[int], state: State) -> None:
+        """``_unlink`` for evicted keys that were all in ``state``."""
+        l0, l1, writer, spec = state
+        n = len(keys)
+        for slot in bits(l0 | l1 | spec_slots(spec)):
+            deque(map(self._pod_keys[slot].pop, keys, repeat(None)), maxlen=0)
+            counts = self._counts[slot]
+            counts[0] -= n * ((l0 >> slot) & 1)
+            counts[1] -= n * ((l1 >> slot) & 1)
+        if writer is not None:
+            mine = self._l2_keys.get(writer)
+            if mine is not None:
+                deque(map(mine.pop, keys, repeat(None)), maxlen=0)
+                if not mine:
+                    del self._l2_keys[writer]
+
     def _unlink(self, key: int, state: State) -> None:
         """Drop every secondary reference to an evicted key."""
         l0, l1, writer, spec = state
         for slot in bits(l0 | l1 | spec_slots(spec)):
-            self._pod_keys[slot].discard(key)
+            self._pod_keys[slot].pop(key, None)
             counts = self._counts[slot]
             counts[0] -= (l0 >> slot) & 1
             counts[1] -= (l1 >> slot) & 1
@@ -279,12 +319,12 @@ class MemoryStore:
                 if hit[1] is not old:
                     entries[key] = hit[1]
                     gained += hit[2]
-            pod_keys.add(key)
+            pod_keys[key] = None
         self._counts[slot][0 if is_l0 else 1] += gained
 
     def _store_l2(self, pod: str, keys: Sequence[int]) -> None:
         entries = self._entries
-        mine = self._l2_keys.setdefault(pod, set())
+        mine: KeySet = self._l2_keys.setdefault(pod, {})
         fresh: State = (0, 0, pod, None)
         memo: dict[int, tuple[State, State]] = {}  # id(old) -> (old, new): one per state
         for key in keys:
@@ -303,12 +343,12 @@ class MemoryStore:
                 entries[key] = hit[1]
             # an eviction may have emptied and dropped this pod's set meanwhile
             mine = self._l2_keys.setdefault(pod, mine)
-            mine.add(key)
+            mine[key] = None
 
     def _discard_l2(self, writer: str, key: int) -> None:
         keys = self._l2_keys.get(writer)
         if keys is not None:
-            keys.discard(key)
+            keys.pop(key, None)
             if not keys:
                 del self._l2_keys[writer]
 
@@ -350,7 +390,7 @@ class MemoryStore:
             lost += hit[2]
             l0, l1, writer, spec = new
             if not ((l0 | l1 | spec_slots(spec)) & bit):
-                pod_keys.discard(key)
+                pod_keys.pop(key, None)
             if not (l0 or l1 or spec or writer is not None):
                 del entries[key]
             elif new is not old:
@@ -462,7 +502,7 @@ class MemoryStore:
         new = (l0, l1, writer, kept)
         self._entries.update(zip(keys, repeat(new)))
         for slot in bits(spec_slots(spec) & ~live & ~(l0 | l1)):
-            self._pod_keys[slot].difference_update(keys)
+            deque(map(self._pod_keys[slot].pop, keys, repeat(None)), maxlen=0)
         return new
 
     def _drop_expired(self, key: int, spec: Spec) -> None:
@@ -470,7 +510,7 @@ class MemoryStore:
         del self._entries[key]
         self._last_walk = None  # it may have walked this key
         for slot in bits(spec_slots(spec)):
-            self._pod_keys[slot].discard(key)
+            self._pod_keys[slot].pop(key, None)
 
     def l2_writers_now(self, keys: Sequence[int]) -> dict[str, int]:
         """Writer pod -> number of blocks it wrote within the fleet-wide L2 prefix."""

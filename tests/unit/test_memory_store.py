@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 
@@ -67,6 +68,21 @@ def test_a_dropped_pods_slot_is_reused_without_its_entries() -> None:
     assert s.match_now(K, 16).pods == {}
     assert s.match_now(K[3:5], 16).pods == {"b": PodPrefix(2, 2)}
     assert set(s.stats_now().per_pod) == {"b"}
+
+
+def test_the_per_pod_key_sets_are_never_walked_by_the_garbage_collector() -> None:
+    """A full collection walks every entry of a tracked container: the per-pod key sets
+    grow to the index's size, so they must be of a kind CPython does not track."""
+    s = MemoryStore(1000)
+    s.apply_now("a", [Stored(L0, K[:8]), Stored(L1, K[8:10]), Stored(L2, K[10:12])])
+    s.speculate_now("b", K[:12], 5.0)  # present keys, run by run
+    s.speculate_now("b", K[12:], 5.0)  # a new prompt: one bulk insert
+    s.apply_now("a", [Removed(L0, K[:2])])
+    gc.collect()
+
+    containers = [*s._pod_keys, *s._l2_keys.values()]
+    assert [len(c) for c in containers] == [8, 16, 2]  # a: L0 + L1 less 2 removed; b; a's L2
+    assert not any(gc.is_tracked(c) for c in containers)
 
 
 def test_stats_count_entries_per_pod_and_tier() -> None:
