@@ -43,6 +43,17 @@ def test_a_frozen_cycle_dropped_later_is_collected_by_the_next_settle():
     assert ref() is None
 
 
+def test_settle_makes_young_collections_rare():
+    before = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)  # CPython's default
+    try:
+        heap.settle()
+        assert gc.get_threshold() == (heap.YOUNG_THRESHOLD, 10, 10)
+        assert heap.YOUNG_THRESHOLD > 700
+    finally:
+        gc.set_threshold(*before)
+
+
 def test_every_collection_is_timed_by_generation_until_stopped():
     registry = CollectorRegistry()
     pauses = heap.GcPauses(registry)
