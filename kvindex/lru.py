@@ -93,6 +93,21 @@ class BoundedLRU(Generic[K, V]):
             self._weight -= weigh(oldest)
             self.evictions += 1
 
+    def replace(self, key: K, value: V) -> None:
+        """Give a present ``key`` a new value and keep its recency (``put`` would make it
+        the most recent); an absent key stays absent. A heavier value evicts the oldest
+        entries until the total weight fits again, as ``put`` does."""
+        data = self._data
+        if key not in data:
+            return
+        if self._weigh is not None:
+            self._weight += self._weigh(value) - self._weigh(data[key])
+        data[key] = value  # an OrderedDict keeps a present key's place
+        while self._weigh is not None and self._weight > self.capacity:
+            _, oldest = data.popitem(last=False)
+            self._weight -= self._weigh(oldest)
+            self.evictions += 1
+
     def pop(self, key: K) -> V | None:
         value = self._data.pop(key, None)
         if value is not None and self._weigh is not None:

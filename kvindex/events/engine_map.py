@@ -33,32 +33,35 @@ DEFAULT_CAPACITY = 262_144
 ENTRY_BYTES = 360  # measured with tracemalloc: entry, its ints, the LRU's node and key
 
 
-class Entry:
-    """Router keys of one engine hash, their chain position, and the tiers holding it."""
+# One engine hash's entry: (router keys, the first key's depth, its group anchor, its
+# parent, the tiers holding the block as bits 1 << tier). A plain tuple of ints, not an
+# object: CPython's collector stops tracking such a tuple after one look, while a map
+# of 262k slotted objects made every full collection walk all of them (59 ms a pod's
+# full map, 24 with tuples: the map's own walk).
+Entry = tuple[RouterKeys, int, int, int, int]
+_KEYS, _TIERS = 0, 4
 
-    __slots__ = ("keys", "depth", "anchor", "parent", "tiers")
 
-    def __init__(
-        self, keys: RouterKeys, depth: int, anchor: int, parent: int, tiers: int = 0
-    ) -> None:
-        self.keys = keys
-        self.depth = depth  # of the first key; the root's first block is 0
-        self.anchor = anchor  # first key's group anchor
-        self.parent = parent  # first key's parent (itself at a group start)
-        self.tiers = tiers  # bit 1 << tier for each tier the pod holds the block in
+def key_list(entry: Entry) -> list[int]:
+    keys = entry[_KEYS]
+    return [keys] if isinstance(keys, int) else list(keys)
 
-    def key_list(self) -> list[int]:
-        return [self.keys] if isinstance(self.keys, int) else list(self.keys)
 
-    def positions(self) -> Positions:
-        return chain_positions(self.key_list(), self.depth, self.anchor, self.parent)
+def positions(entry: Entry) -> Positions:
+    """Where the entry's router keys sit on their chain."""
+    return chain_positions(key_list(entry), entry[1], entry[2], entry[3])
 
-    def tail(self) -> tuple[int, int, int]:
-        """(last key, its depth, its group anchor): what a child block chains from."""
-        if isinstance(self.keys, int):
-            return self.keys, self.depth, self.anchor
-        pos = self.positions()
-        return self.keys[-1], self.depth + len(self.keys) - 1, pos.anchors[-1]
+
+def tail(entry: Entry) -> tuple[int, int, int]:
+    """(last key, its depth, its group anchor): what a child block chains from."""
+    keys, depth, anchor = entry[_KEYS], entry[1], entry[2]
+    if isinstance(keys, int):
+        return keys, depth, anchor
+    return keys[-1], depth + len(keys) - 1, positions(entry).anchors[-1]
+
+
+def _with_tiers(entry: Entry, tiers: int) -> Entry:
+    return (entry[0], entry[1], entry[2], entry[3], tiers)
 
 
 class EngineKeyMap:
@@ -89,8 +92,8 @@ class EngineKeyMap:
     ) -> None:
         """The block was stored in ``tier`` with its tokens: remember its keys."""
         known = self._map.touch(engine_hash)
-        tiers = (known.tiers if known is not None else 0) | (1 << tier)
-        self._map.put(engine_hash, Entry(keys, depth, anchor, parent, tiers))
+        tiers = (known[_TIERS] if known is not None else 0) | (1 << tier)
+        self._map.put(engine_hash, (keys, depth, anchor, parent, tiers))
 
     def entry(self, engine_hash: EngineHash) -> Entry | None:
         return self._map.touch(engine_hash)
@@ -98,8 +101,9 @@ class EngineKeyMap:
     def hold(self, engine_hash: EngineHash, tier: Tier) -> Entry | None:
         """A hash-only ``BlockStored``: the known block is now also held in ``tier``."""
         found = self._map.touch(engine_hash)
-        if found is not None:
-            found.tiers |= 1 << tier
+        if found is not None and not found[_TIERS] >> tier & 1:
+            found = _with_tiers(found, found[_TIERS] | 1 << tier)
+            self._map.replace(engine_hash, found)
         return found
 
     def release(self, engine_hash: EngineHash, tier: Tier) -> Entry | None:
@@ -107,32 +111,39 @@ class EngineKeyMap:
         map once no tier holds the block."""
         found = self._map.get(engine_hash)
         if found is not None:
-            found.tiers &= ~(1 << tier)
-            if not found.tiers:
+            tiers = found[_TIERS] & ~(1 << tier)
+            if not tiers:
                 self._map.pop(engine_hash)
+            elif tiers != found[_TIERS]:
+                self._map.replace(engine_hash, _with_tiers(found, tiers))
         return found
 
     def release_all(self, tiers: tuple[Tier, ...]) -> None:
         """``AllBlocksCleared``: those tiers hold nothing; drop entries left in none."""
         mask = sum(1 << t for t in tiers)
         gone = []
+        kept: list[tuple[EngineHash, Entry]] = []
         for engine_hash in self._map:
             found = self._map.get(engine_hash)
-            if found is not None:
-                found.tiers &= ~mask
-                if not found.tiers:
+            if found is not None and found[_TIERS] & mask:
+                left = found[_TIERS] & ~mask
+                if left:
+                    kept.append((engine_hash, _with_tiers(found, left)))
+                else:
                     gone.append(engine_hash)
         for engine_hash in gone:
             self._map.pop(engine_hash)
+        for engine_hash, entry in kept:
+            self._map.replace(engine_hash, entry)
 
     def get(self, engine_hash: EngineHash) -> RouterKeys | None:
         found = self.entry(engine_hash)
-        return None if found is None else found.keys
+        return None if found is None else found[_KEYS]
 
     def last_key(self, engine_hash: EngineHash) -> int | None:
         """The router key that a child block chains from, or None if unknown."""
         found = self.entry(engine_hash)
-        return None if found is None else found.tail()[0]
+        return None if found is None else tail(found)[0]
 
     def clear(self) -> None:
         self._map.clear()

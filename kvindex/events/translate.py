@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from kvindex.events.engine_map import DEFAULT_CAPACITY, EngineKeyMap
+from kvindex.events.engine_map import DEFAULT_CAPACITY, EngineKeyMap, key_list, positions, tail
 from kvindex.events.types import EngineBatch, EngineCleared, EngineRemoved, EngineStored
 from kvindex.events.vllm_adapter import tier_of
 from kvindex.keyer import BlockKeyer, chain_packed, pack_tokens
@@ -186,7 +186,7 @@ class EventTranslator:
         if found is None:  # parent evicted or learnt before we joined: cannot chain
             self._unknown_hashes(len(ev.hashes))
             return None
-        key, depth, anchor = found.tail()
+        key, depth, anchor = tail(found)
         return key, depth + 1, anchor
 
     def _resolve(
@@ -204,8 +204,8 @@ class EventTranslator:
             if found is None:
                 unknown += 1
                 continue
-            pos = found.positions()
-            keys += found.key_list()
+            pos = positions(found)
+            keys += key_list(found)
             offsets += pos.offsets
             anchors += pos.anchors
             parents += pos.parents

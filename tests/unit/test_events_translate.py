@@ -203,6 +203,19 @@ def test_engine_key_map_evicts_the_least_recently_used_hash():
     assert (m.get(2), m.get(1), m.get(3), len(m), m.evictions) == (None, 10, 30, 2, 1)
 
 
+async def test_the_map_entries_are_left_alone_by_the_garbage_collector():
+    """A pod's map holds up to 262k entries: as objects, every full collection walked
+    them all; as tuples of ints the collector stops tracking them."""
+    import gc
+
+    ing, _, _ = setup()
+    await ing.apply_payload(payload(stored([11, 12], None, TOKENS[:8])))
+    await ing.apply_payload(payload(stored([12], None, [], medium="CPU", block_size=0)))
+    gc.collect()
+    entries = [ing.translator().map.entry(h) for h in (11, 12)]
+    assert all(e is not None and not gc.is_tracked(e) for e in entries)
+
+
 async def test_a_hash_is_forgotten_once_no_tier_holds_its_block():
     """The map follows the pod's cache: it does not fill up with evicted blocks."""
     ing, store, _ = setup()

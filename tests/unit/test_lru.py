@@ -70,3 +70,23 @@ def test_a_value_heavier_than_the_capacity_is_not_kept_nor_is_the_old_one():
     lru.put("a", "xx")
     lru.put("a", "xxxx")
     assert (list(lru), lru.get("a"), lru.size, lru.evictions) == (["keep"], None, 1, 0)
+
+
+def test_replace_keeps_a_keys_recency_and_an_absent_key_absent():
+    lru: BoundedLRU[str, str] = BoundedLRU(3)
+    lru.put("a", "1")
+    lru.put("b", "2")
+    lru.replace("a", "one")
+    lru.replace("z", "26")
+    assert (list(lru), lru.get("a"), "z" in lru) == (["a", "b"], "one", False)
+    lru.put("c", "3")
+    lru.put("d", "4")  # "a" is still the oldest: it goes
+    assert list(lru) == ["b", "c", "d"]
+
+
+def test_a_heavier_replacement_evicts_the_oldest_until_the_weight_fits():
+    lru: BoundedLRU[str, str] = BoundedLRU(6, weigh=len)
+    lru.put("a", "xx")
+    lru.put("b", "xx")
+    lru.replace("b", "xxxxx")
+    assert (list(lru), lru.size, lru.evictions) == (["b"], 5, 1)
