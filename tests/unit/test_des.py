@@ -1,7 +1,6 @@
 """The discrete-event simulator: pod timing, queues, routing and tiers in simulated time."""
 
 import json
-import time
 
 import pytest
 
@@ -161,14 +160,12 @@ def test_poisson_arrivals_keep_order_and_rate():
     assert len(timed) / times[-1] == pytest.approx(10.0, rel=0.1)
 
 
-def test_sixteen_pods_replay_a_thousand_trace_requests_in_seconds():
+def test_sixteen_pods_replay_a_thousand_trace_requests():
     if not DEFAULT_TRACE.exists():
         pytest.skip(f"the Mooncake trace is not on this machine ({DEFAULT_TRACE}; KVGATE_TRACE)")
     reqs = load_mooncake(DEFAULT_TRACE, limit=1000)
-    started = time.perf_counter()
     out = run_des(reqs, 16, "kv-aware", "original", "L0+L1+L2", block_size=512)
     assert len(out) == 1000 and all(r.ttft_s > 0 for r in out)
-    assert time.perf_counter() - started < 20
 
 
 def test_a_preset_runs_in_the_des_with_the_fleet_benchmarks_prompts_arrivals_and_pods():

@@ -1,7 +1,6 @@
 """BlockKeyer: chained xxh3 keys over full blocks, root seeded by model, LoRA and salt."""
 
 import struct
-import time
 from array import array
 
 import pytest
@@ -100,11 +99,11 @@ def test_token_ids_outside_uint32_are_rejected():
         BlockKeyer("m", 2).keys([1, 2**32])
 
 
-def test_32k_token_prompt_is_keyed_in_a_few_milliseconds():
+def test_a_32k_token_prompt_is_keyed_by_the_definition_to_its_last_block():
+    """Speed is `kvgate bench index`'s and `kvgate bench tokenize`'s to report; here the
+    long prompt's keys, an array's as a list's, are the definition's."""
     keyer = BlockKeyer("m", 16)
     tokens = [(i * 7919) % 150_000 for i in range(32_768)]
-    started = time.perf_counter()
-    keys = keyer.keys(tokens)
-    elapsed = time.perf_counter() - started
+    keys = keyer.keys(array("I", tokens))
     assert len(keys) == 2048
-    assert elapsed < 0.05  # measured ~0.7 ms on the 2-core dev machine
+    assert keys == keyer.keys(tokens) == reference_keys("m", 16, tokens)

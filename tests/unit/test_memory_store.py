@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import gc
-import statistics
-import time
 
 import pytest
 
@@ -151,17 +149,14 @@ def test_unknown_ops_are_counted_and_skipped() -> None:
     assert s.match_now(K, 16).pods == {"a": PodPrefix(2, 2)}
 
 
-def test_match_on_2048_keys_held_by_8_pods_takes_well_under_a_millisecond() -> None:
+def test_match_on_2048_keys_held_by_8_pods_gives_each_pod_its_own_prefix() -> None:
+    """Eight chains breaking at different depths: the walk's runs of equal states must
+    still end each pod's prefix where its own chain ends (speed: `kvgate bench index`)."""
     s = MemoryStore(100_000)
     keys = list(range(1, 2049))
     for p in range(8):
         s.apply_now(f"pod-{p}", [Stored(L0, keys[: 2048 - 100 * p]), Stored(L1, keys)])
 
-    samples = []
-    for _ in range(30):
-        start = time.perf_counter()
-        m = s.match_now(keys, 16)
-        samples.append(time.perf_counter() - start)
+    m = s.match_now(keys, 16)
 
-    assert m.pods["pod-7"] == PodPrefix(1348, 2048)
-    assert statistics.median(samples) < 2e-3  # ~0.3 ms typical; generous for loaded CI
+    assert m.pods == {f"pod-{p}": PodPrefix(2048 - 100 * p, 2048) for p in range(8)}
