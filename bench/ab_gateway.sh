@@ -17,12 +17,8 @@ cd "$(dirname "$0")/.."
 source bench/gateway_load.sh
 py=$(pwd)/${PYTHON:-.venv/bin/python}
 setup_gateway_env
-taskset -c 1 "$py" -m bench.zero_pod --port "$pod_port" &
-pod=$!
-(cd "$tree" && exec taskset -c 0 "$py" -m cli serve --port "$gw_port" --admin-port "$admin_port" \
-  --workers 1 --pod "zero=http://127.0.0.1:$pod_port" --strategy "$strategy" \
-  --log-level warning) &
-gw=$!
+start_zero_pod 1
+start_gateway "$tree" "$gw_port" "$admin_port" 1 "$strategy" 0
 trap 'kill $gw $pod 2>/dev/null; rm -f "$lua"' EXIT
 wrk_lua "$workload" > "$lua"
 wait_ready "$gw_port"

@@ -12,12 +12,8 @@ cd "$(dirname "$0")/.."
 source bench/gateway_load.sh
 py=$(pwd)/${PYTHON:-.venv/bin/python}
 setup_gateway_env
-"$py" -m bench.zero_pod --port "$pod_port" &
-pod=$!
-(cd "${TREE:-.}" && exec "$py" -m cli serve --port "$gw_port" --admin-port "$admin_port" \
-  --workers "${WORKERS:-1}" --pod "zero=http://127.0.0.1:$pod_port" \
-  --strategy "${STRATEGY:-kv-aware}" --log-level warning) &
-gw=$!
+start_zero_pod
+start_gateway "${TREE:-.}" "$gw_port" "$admin_port" "${WORKERS:-1}" "${STRATEGY:-kv-aware}"
 trap 'kill $gw 2>/dev/null; sleep 0.5; kill $pod 2>/dev/null; rm -f "$lua" "$lua.time"' EXIT
 wrk_lua "$workload" > "$lua"
 wait_ready "$gw_port"

@@ -25,16 +25,11 @@ py=$(pwd)/${PYTHON:-.venv/bin/python}
 setup_gateway_env  # $pod_port, and $gw_port $admin_port for tree A
 read -r gw_b admin_b < <("$py" -c "from bench.ports import free_ports; print(*free_ports(2))")
 out_a=$(mktemp) out_b=$(mktemp)
-taskset -c 1 "$py" -m bench.zero_pod --port "$pod_port" &
-pod=$!
-serve() {  # TREE PORT ADMIN_PORT
-  (cd "$1" && exec taskset -c 0 "$py" -m cli serve --port "$2" --admin-port "$3" --workers 1 \
-    --pod "zero=http://127.0.0.1:$pod_port" --strategy "$strategy" --log-level warning) &
-}
-serve "$tree_a" "$gw_port" "$admin_port"
-gw_a=$!
-serve "$tree_b" "$gw_b" "$admin_b"
-gw_b_pid=$!
+start_zero_pod 1
+start_gateway "$tree_a" "$gw_port" "$admin_port" 1 "$strategy" 0
+gw_a=$gw
+start_gateway "$tree_b" "$gw_b" "$admin_b" 1 "$strategy" 0
+gw_b_pid=$gw
 trap 'kill $gw_a $gw_b_pid $pod 2>/dev/null; rm -f "$lua" "$out_a" "$out_b"' EXIT
 wrk_lua "$workload" > "$lua"
 wait_ready "$gw_port"

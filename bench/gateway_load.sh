@@ -1,5 +1,6 @@
-# Sourced by bench/profile_gateway.sh, bench/ab_gateway.sh and bench/cpu_split.sh: what
-# they do around a gateway under wrk load. Needs $py (the project's python).
+# Sourced by bench/profile_gateway.sh, ab_gateway.sh, cpu_split.sh, gc_pauses.sh and
+# duel_gateway.sh: what they do around a gateway under wrk load. Needs $py (the
+# project's python).
 
 # Three free loopback ports ($pod_port $gw_port $admin_port), KVGATE_MODELS exported for
 # the tiny test model's tokenizer, and a temporary file for wrk's Lua script ($lua).
@@ -20,6 +21,25 @@ cpu_ticks() {
     total=$((total + t))
   done
   echo "$total"
+}
+
+# The zero-latency backend on $pod_port in the background, its pid in $pod; PIN: the
+# cores to pin it to (taskset; empty: not pinned).
+start_zero_pod() {
+  local pin=${1:-}
+  ${pin:+taskset -c "$pin"} "$py" -m bench.zero_pod --port "$pod_port" &
+  pod=$!
+}
+
+# `kvgate serve` from checkout TREE (its code, $py's packages) on PORT and ADMIN_PORT in
+# front of the zero pod, in the background, its pid in $gw; PIN as for start_zero_pod.
+# Needs $py as an absolute path.
+start_gateway() {
+  local tree=$1 port=$2 admin=$3 workers=$4 strategy=$5 pin=${6:-}
+  (cd "$tree" && exec ${pin:+taskset -c "$pin"} "$py" -m cli serve --port "$port" \
+    --admin-port "$admin" --workers "$workers" --pod "zero=http://127.0.0.1:$pod_port" \
+    --strategy "$strategy" --log-level warning) &
+  gw=$!
 }
 
 # The overhead benchmark's ~8 KB chat bodies as a wrk Lua script, for WORKLOAD
