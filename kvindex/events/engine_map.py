@@ -49,19 +49,21 @@ def key_list(entry: Entry) -> list[int]:
 
 def positions(entry: Entry) -> Positions:
     """Where the entry's router keys sit on their chain."""
-    return chain_positions(key_list(entry), entry[1], entry[2], entry[3])
+    _, depth, anchor, parent, _ = entry
+    return chain_positions(key_list(entry), depth, anchor, parent)
 
 
 def tail(entry: Entry) -> tuple[int, int, int]:
     """(last key, its depth, its group anchor): what a child block chains from."""
-    keys, depth, anchor = entry[_KEYS], entry[1], entry[2]
+    keys, depth, anchor, _, _ = entry
     if isinstance(keys, int):
         return keys, depth, anchor
     return keys[-1], depth + len(keys) - 1, positions(entry).anchors[-1]
 
 
 def _with_tiers(entry: Entry, tiers: int) -> Entry:
-    return (entry[0], entry[1], entry[2], entry[3], tiers)
+    keys, depth, anchor, parent, _ = entry
+    return keys, depth, anchor, parent, tiers
 
 
 class EngineKeyMap:
