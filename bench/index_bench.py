@@ -6,7 +6,8 @@ translation → apply). Lookup latency is measured on prompts of 2k, 8k and 32k
 tokens that are fully cached, the worst case for a prefix walk. Last, the memory a
 ``MemoryStore`` key costs (tracemalloc), what ``KEY_BYTES`` and ``/admin/bounds``
 report, and a full index under new prompts: what a lookup and speculation cost while
-each evicts as many keys, and what a full garbage collection then walks.
+each evicts as many keys, and what a full garbage collection then walks; the same for
+a pod's full engine-hash map.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from rich.table import Table
 from bench.event_ingest import measure_ingestion
 from bench.index_lookup import print_index_bench, run_index_bench
 from bench.redis_server import REDIS_SERVER, running_redis
+from kvindex.events.engine_map import DEFAULT_CAPACITY, EngineKeyMap
 from kvindex.memory_store import MemoryStore
 from kvindex.redis_store import RedisStore
 from kvindex.store import IndexStore, Stored
@@ -75,6 +77,11 @@ def run_index_benchmarks(
         f"lookup + speculation p50 {churn.p50_us:.0f} / p99 {churn.p99_us:.0f} µs "
         f"(evicting as many keys); a full garbage collection then {churn.gc_ms:.1f} ms"
     )
+    hashes, gc_ms = full_engine_map_gc()
+    console.print(
+        f"Engine-hash map full ({hashes:,} hashes, one pod's): a full garbage collection "
+        f"{gc_ms:.1f} ms"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +120,25 @@ def full_index_churn(capacity: int = 2_000_000, blocks: int = 100, prompts: int 
     samples.sort()
     return Churn(capacity, blocks, 1e6 * samples[len(samples) // 2],
                  1e6 * samples[int(0.99 * (len(samples) - 1))], 1e3 * gc_s)  # fmt: skip
+
+
+def full_engine_map_gc(hashes: int = DEFAULT_CAPACITY) -> tuple[int, float]:
+    """A pod's engine-hash map filled to its default capacity after start-up's freeze,
+    as when a pod joins a running gateway: what a full collection then takes (ms)."""
+    rng = random.Random(2)
+    gc.collect()
+    gc.freeze()
+    try:
+        engine_map = EngineKeyMap(hashes)
+        for depth in range(hashes):
+            key = rng.getrandbits(64) | 1 << 63
+            engine_map.learn(rng.getrandbits(64), key, depth, key, key)
+        gc.collect()  # what one look untracks (tuples of ints) is untracked from now on
+        started = time.perf_counter()
+        gc.collect()
+        return len(engine_map), 1e3 * (time.perf_counter() - started)
+    finally:
+        gc.unfreeze()
 
 
 def _new_keys(rng: random.Random, blocks: int) -> list[int]:

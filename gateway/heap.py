@@ -9,11 +9,11 @@ of the process's CPU and a pause in every request in flight (``kvgate bench over
 kv-aware, multi-turn; measured with ``gc.callbacks``). ``settle`` collects once and
 then freezes what is alive (``gc.freeze``), so later collections walk only what was
 made since: a full one took 4-5 ms in the same run. What is made since must not hold
-large sets: the index's per-pod key sets, made as pods' events arrive, had grown to
-740k keys in 30 s of load and made full collections 60-78 ms again (up to 250 ms),
-until they became dicts of ints, which the collector does not track
-(``kvindex.memory_store``). Young collections run far less often than CPython's
-default (``YOUNG_THRESHOLD``).
+large sets: the index's per-pod key sets, made as pods' events arrive, grew with the
+index under load and made full collections 74-81 ms on average again, up to 250 ms
+(``bench/gc_pauses.sh varied 30``), until they became dicts of ints, which the
+collector does not track (``kvindex.memory_store``). Young collections run far less
+often than CPython's default (``YOUNG_THRESHOLD``).
 
 Frozen objects are never collected, so cyclic garbage among them would stay: the
 gateway settles after start-up and again after a reload (which replaces tokenizers
@@ -37,11 +37,12 @@ log = logging.getLogger("kvgate.heap")
 
 # Net new container objects between young collections (CPython's default: 700). A
 # request's objects die by reference count, so at 700 a loaded gateway collected its
-# young generation ~100 times a second, each walking the requests in flight: 3.2-3.6%
-# of its CPU with the middle generation's collections. At 5,000 it collected ~once a
-# second, 0.1-0.3% of its CPU, pausing 1.6-2.2 ms each (0.25-0.37 at 700); at 2,000
-# it spent 1.3%, at 10,000 0.2% in 4.3 ms pauses (``bench/gc_pauses.sh``, kv-aware,
-# 20 s under wrk; docs/performance.md). Cyclic garbage waits longer: at most ~5,000 objects of it.
+# young generation ~80-100 times a second, each walking the requests in flight:
+# 3.2-3.6% of its CPU with the middle generation's collections. At 5,000 it collected
+# ~once a second, 0.1-0.3% of its CPU, pausing 1.6-2.2 ms each (0.25-0.37 at 700); at
+# 2,000 it spent 1.3%, at 10,000 0.2% in 4.3 ms pauses (``bench/gc_pauses.sh``,
+# kv-aware, 20 s under wrk, this constant edited in turn; docs/performance.md).
+# Cyclic garbage waits longer: at most ~5,000 objects of it.
 YOUNG_THRESHOLD = 5_000
 
 

@@ -36,8 +36,8 @@ ENTRY_BYTES = 360  # measured with tracemalloc: entry, its ints, the LRU's node 
 # One engine hash's entry: (router keys, the first key's depth, its group anchor, its
 # parent, the tiers holding the block as bits 1 << tier). A plain tuple of ints, not an
 # object: CPython's collector stops tracking such a tuple after one look, while a map
-# of 262k slotted objects made every full collection walk all of them (59 ms a pod's
-# full map, 24 with tuples: the map's own walk).
+# of 262k slotted objects made every full collection walk all of them (55-57 ms a
+# pod's full map, 19-22 with tuples: the map's own walk; `kvgate bench index`).
 Entry = tuple[RouterKeys, int, int, int, int]
 _KEYS, _TIERS = 0, 4
 
