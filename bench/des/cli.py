@@ -122,6 +122,7 @@ def _run(
     concurrency: int | None,
     bar: Progress,
     label: str,
+    seed: int = 0,
 ) -> DesSummary:
     task = bar.add_task(label, total=total)
     started = time.perf_counter()
@@ -141,6 +142,7 @@ def _run(
         event_delay_s=args.event_delay_ms / 1000,
         scrape_interval_s=args.scrape_interval_s,
         progress=lambda n: bar.update(task, completed=n),
+        seed=seed,
     )
     return summarize_des(label, spec_tiers(spec), results, time.perf_counter() - started)
 
@@ -231,7 +233,7 @@ def run_real_cells(args: argparse.Namespace, strategies: list[str]) -> list[DesS
                     options = _strategy_options(strategy, kv_base, args.strategy_options)
                     label = f"{cell} seed {seed}: {strategy}"
                     summary = _run(args, inp.requests, inp.size, args.pods or 2, strategy,
-                                   spec, options, inp.concurrency, bar, label)  # fmt: skip
+                                   spec, options, inp.concurrency, bar, label, seed)  # fmt: skip
                     summaries.append(summary)
                     over_seeds.setdefault((f"{cell}: {strategy}", "L0"), []).append(summary)
     title = (

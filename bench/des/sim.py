@@ -47,6 +47,7 @@ class FleetSim:
         speculative_ttl_s: float = 3.0,
         index_capacity: int = 2_000_000,
         admission: AdmissionPolicy | None = None,
+        seed: int = 0,
     ) -> None:
         if n_pods <= 0:
             raise ValueError("n_pods must be positive")
@@ -73,7 +74,7 @@ class FleetSim:
         self.l2 = MemoryL2(spec.l2_capacity_blocks) if spec.l2_capacity_blocks > 0 else None
         self.pods = [
             DesPod(f"pod-{i}", spec, self.l2, self._at, self._publish, self._finished,
-                   self._first_token)
+                   self._first_token, seed=seed)
             for i in range(n_pods)
         ]  # fmt: skip
         self._by_name = {p.name: p for p in self.pods}
@@ -281,6 +282,7 @@ def run_des(
     scrape_interval_s: float = 2.0,
     speculative_ttl_s: float = 3.0,
     progress: Progress | None = None,
+    seed: int = 0,
 ) -> list[DesResult]:
     """Simulate ``workload_requests`` on ``n_pods`` pods routed by ``strategy``.
 
@@ -288,7 +290,8 @@ def run_des(
     which case ``workload_requests`` is a list of sessions replayed closed-loop. A
     ``DesPodSpec`` as ``profile`` fixes every pod setting (``tiers`` and
     ``block_size`` are then ignored). ``kv-aware`` gets the profile's cost model
-    unless ``strategy_options`` say otherwise. Results are in request order.
+    unless ``strategy_options`` say otherwise. ``seed`` seeds what the pods draw at
+    random (``PodTiming.step_phase_wait``). Results are in request order.
     """
     spec = resolve_spec(profile, tiers, block_size)
     options = dict(strategy_options or {})
@@ -307,6 +310,7 @@ def run_des(
         event_delay_s=event_delay_s,
         scrape_interval_s=scrape_interval_s,
         speculative_ttl_s=speculative_ttl_s,
+        seed=seed,
     )
     if concurrency is None:
         sim.run_open(workload_requests, progress)  # type: ignore[arg-type]

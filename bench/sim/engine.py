@@ -9,8 +9,10 @@ One request's life, as vLLM (with an offloading connector) lives it:
    block, one ``BlockStored`` (GPU) for blocks ``[L0 hit, full)``, then the L1
    (``CPU``) stores and evictions, one hash per event like vLLM's connector;
 3. load the L1/L2 hit (``latency + bytes / bandwidth`` per tier), then prefill
-   ``overhead_s + uncached / prefill_tokens_per_s`` through a prefill lane of
-   ``prefill_concurrency`` (the GPU's compute is shared; loads are not);
+   ``overhead_s + uncached / prefill_tokens_per_s`` (or the measured
+   ``prefill_curve``), plus ``prefill_s_per_running`` for each other request holding a
+   slot, through a prefill lane of ``prefill_concurrency`` (the GPU's compute is
+   shared; loads are not);
 4. write the prompt's full blocks through to L2 (``STORAGE``/``REMOTE`` events, or
    none in LMCache fs:// mode);
 5. decode one token every ``itl_s + itl_per_seq_s x running``; each block that fills
@@ -310,7 +312,8 @@ class SimEngine:
         if lane is not None:
             await lane.acquire()
         try:
-            await asyncio.sleep(plan.compute_s)
+            others = self._slots.active - 1  # the requests holding a slot beside this one
+            await asyncio.sleep(plan.compute_s + self.timing.beside_running_s(others))
         finally:
             if lane is not None:
                 lane.release()

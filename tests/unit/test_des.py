@@ -28,6 +28,10 @@ def spec(**kw) -> DesPodSpec:
     return DesPodSpec(**{**base, **kw})
 
 
+def _fields(timing: PodTiming) -> dict:
+    return {f: getattr(timing, f) for f in timing.__dataclass_fields__}
+
+
 def req(at: float, prompt: int, out: int, prefix: int = 0) -> DesRequest:
     keys = [prefix * 1000 + i for i in range(prompt // BS)]
     return DesRequest(at, prompt, out, keys)
@@ -57,6 +61,34 @@ def test_one_prefill_lane_serialises_prefills_of_running_requests():
     a, b = run_des([req(0, 40, 1), req(0, 40, 1, prefix=1)], 1, "round-robin", spec())
     assert (a.ttft_s, b.ttft_s) == pytest.approx((0.5, 1.0))
     assert b.queue_s == 0.0
+
+
+def test_a_prefill_beside_running_requests_pays_each_ones_share():
+    """A (40 tokens, decoding 100 more) holds a slot when B starts its prefill at 1 s."""
+    timing = PodTiming(**{**_fields(TIMING), "prefill_s_per_running": 0.05})
+    a, b = run_des([req(0, 40, 100), req(1.0, 40, 1, prefix=1)], 1, "round-robin",
+                   spec(timing=timing))  # fmt: skip
+    assert a.ttft_s == pytest.approx(0.1 + 40 / 100)  # alone: nothing running beside it
+    assert b.ttft_s == pytest.approx(0.1 + 40 / 100 + 0.05)
+
+
+def test_the_step_phase_wait_is_at_most_a_step_and_drawn_from_the_seed():
+    """With ``step_phase_wait`` a prefill beside running requests first waits a random
+    share of the current decode step; alone it starts at once."""
+    timing = PodTiming(**{**_fields(TIMING), "step_phase_wait": True})
+    reqs = [req(0, 40, 2000)] + [req(1.0 + i, 4, 1, prefix=i + 1) for i in range(20)]
+
+    def waits(seed: int) -> list[float]:
+        results = run_des(reqs, 1, "round-robin", spec(timing=timing), seed=seed)
+        assert results[0].ttft_s == pytest.approx(0.1 + 40 / 100)  # alone: no wait
+        return [r.ttft_s - (0.1 + 4 / 100) for r in results[1:]]
+
+    step = TIMING.itl_s(2)  # one decode step with the long request and this one
+    first = waits(0)
+    assert all(-1e-9 <= w <= step + 1e-9 for w in first)
+    assert len({round(w, 9) for w in first}) > 10  # a phase each, not one constant
+    assert waits(0) == first  # a seed draws the same phases every run
+    assert waits(1) != first
 
 
 def test_decode_slows_while_more_requests_run_and_speeds_up_when_they_leave():

@@ -20,17 +20,25 @@ def _args(*argv: str) -> argparse.Namespace:
 
 
 def test_the_fit_of_a_real_run_times_the_pods_and_configures_kv_aware(tmp_path):
-    fit = {"overhead_s": 0.004, "tokens_per_s": 20_000.0, "s_per_running": 0.003,
-           "queued_overhead_share": 0.25, "points": [[139, 0.02]]}  # fmt: skip
+    points = [[139, 0.024], [523, 0.035], [1035, 0.060], [2059, 0.169]]
+    fit = {"overhead_s": 0.0, "tokens_per_s": 20_000.0, "s_per_running": 0.003,
+           "queued_overhead_share": 0.25, "points": points}  # fmt: skip
     path = tmp_path / "results.json"
     path.write_text(json.dumps({"fit": fit, "cells": []}))
     loaded = real_cells.load_fit(path)
+    # A measured 0 ms overhead is the run's, not a gap for the default to fill.
     assert (loaded.overhead_s, loaded.tokens_per_s, loaded.s_per_running,
-            loaded.queued_overhead_share) == (0.004, 20_000.0, 0.003, 0.25)  # fmt: skip
+            loaded.queued_overhead_share) == (0.0, 20_000.0, 0.003, 0.25)  # fmt: skip
     spec = real_cells.real_pod_spec(loaded)
-    assert spec.timing.compute_s(1000) == pytest.approx(0.004 + 1000 / 20_000)
+    # The pods prefill along the measured points, not the line kv-aware is given ...
+    assert spec.timing.compute_s(523) == pytest.approx(0.035)
+    assert spec.timing.compute_s(779) == pytest.approx((0.035 + 0.060) / 2)
+    assert spec.timing.compute_s(139) > 2 * (139 / 20_000)
+    # ... with the running requests' share and the step phase of a real engine.
+    assert spec.timing.beside_running_s(2) == pytest.approx(0.006)
+    assert spec.timing.step_phase_wait
     assert (spec.block_size, spec.prefill_concurrency) == (32, 1)
-    expected = PrefillFit(0.004, 20_000.0, (), 0.003, (), 0.25).cost_model(32)
+    expected = PrefillFit(0.0, 20_000.0, (), 0.003, (), 0.25).cost_model(32)
     assert real_cells.kv_aware_options(loaded) == {"cost_model": expected}
     assert real_cells.load_fit(None) == real_cells.DEFAULT_FIT
 

@@ -110,3 +110,31 @@ def test_reset_clears_l0_and_l1_but_not_the_shared_l2():
 def test_unknown_l1_policy_is_rejected():
     with pytest.raises(ValueError):
         TieredCache(4, 4, l1_policy="sometimes")
+
+
+def test_a_measured_prefill_curve_is_interpolated_and_its_end_segments_extended():
+    t = timing(prefill_curve=((100, 0.02), (500, 0.04), (1000, 0.14)))
+    assert t.compute_s(100) == pytest.approx(0.02)
+    assert t.compute_s(300) == pytest.approx(0.03)  # halfway between the first two
+    assert t.compute_s(750) == pytest.approx(0.09)
+    assert t.compute_s(1500) == pytest.approx(0.24)  # the last segment's slope, extended
+    assert t.compute_s(0) == pytest.approx(0.015)  # the first segment's, down to no tokens
+    # The curve replaces overhead + tokens / rate (0.1 + 3 s here) in every plan.
+    assert t.plan(300, TierHit(), BS).compute_s == pytest.approx(0.03)
+
+
+def test_a_curve_extended_below_zero_is_floored_and_a_bad_curve_refused():
+    steep = timing(prefill_curve=((100, 0.001), (200, 0.101)))
+    assert steep.compute_s(0) == 0.0  # the line would say -0.099 s
+    with pytest.raises(ValueError):
+        timing(prefill_curve=((100, 0.02),))  # one point is no curve
+    with pytest.raises(ValueError):
+        timing(prefill_curve=((500, 0.02), (100, 0.04)))  # tokens must increase
+    with pytest.raises(ValueError):
+        timing(prefill_s_per_running=-0.001)
+
+
+def test_each_other_request_holding_a_slot_adds_its_share_to_a_prefill():
+    t = timing(prefill_s_per_running=0.005)
+    assert [t.beside_running_s(n) for n in (-1, 0, 1, 4)] == pytest.approx([0, 0, 0.005, 0.02])
+    assert timing().beside_running_s(4) == 0.0  # not set: a GPU's, where it is ~0
