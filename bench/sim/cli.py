@@ -24,6 +24,8 @@ _TIMED = {
     "prefill_tokens_per_s": ("prefill_tokens_per_s", 1.0),
     "itl_ms": ("itl_s", 1e-3),
     "itl_per_seq_ms": ("itl_per_seq_s", 1e-3),
+    "prefill_ms_per_running": ("prefill_s_per_running", 1e-3),
+    "queued_overhead_share": ("queued_overhead_share", 1.0),
     "kv_bytes_per_token": ("kv_bytes_per_token", 1),
     "l0_capacity_blocks": ("l0_capacity_blocks", 1),
     "max_num_seqs": ("max_num_seqs", 1),
@@ -59,6 +61,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help=f"inter-token latency of a batch of one (default {d.itl_s * 1e3:g})")  # fmt: skip
     a("--itl-per-seq-ms", type=float, default=None,
       help="inter-token latency added per running request (default 0)")  # fmt: skip
+    a("--prefill-ms-per-running", type=float, default=None,
+      help="added to a prefill per other running request (default 0; a CPU engine's "
+           "steps carry the running batch)")  # fmt: skip
+    a("--queued-overhead-share", type=float, default=None,
+      help="share of the fixed cost a prefill queued behind another pays (default 1: "
+           "one at a time; vLLM batches prefills that arrive together)")  # fmt: skip
+    a(
+        "--step-phase-wait",
+        action="store_true",
+        help="a prefill beside running requests first waits a random share of a step",
+    )
     a("--kv-bytes-per-token", type=int, default=None,
       help=f"KV bytes per token, sizes loads (default {d.kv_bytes_per_token})")  # fmt: skip
     _add_tier_arguments(parser, d)
@@ -145,6 +158,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         max_model_len=args.max_model_len,
         block_size=args.block_size,
         prefill_concurrency=args.prefill_concurrency,
+        step_phase_wait=args.step_phase_wait,
         default_max_tokens=args.default_max_tokens,
         seed=args.seed,
         kv_events=parse_kv_events(

@@ -53,6 +53,13 @@ class SimConfig:
     itl_s: float = 0.001  # inter-token latency of a batch of one
     itl_per_seq_s: float = 0.0  # added per running request (decode slows with batch)
     kv_bytes_per_token: int = 57_344  # Qwen2-7B fp16 (56 KiB); sizes tier transfers
+    # A CPU engine's steps (``bench.podmodel.PodTiming``; all off by default, as on a
+    # GPU): what each other running request adds to a prefill, whether a prefill
+    # beside running requests first waits a random share of a step, and the share of
+    # the fixed cost a prefill queued behind another pays.
+    prefill_s_per_running: float = 0.0
+    step_phase_wait: bool = False
+    queued_overhead_share: float = 1.0
     # L1: host DRAM, this pod only (vLLM native CPU offloading; medium "CPU").
     l1_capacity_blocks: int = 0  # 0: no L1
     l1_policy: str = "write-through"  # or "evict": offload what L0 evicts
@@ -115,6 +122,9 @@ class SimConfig:
             l2=TierTiming(self.l2_latency_s, self.l2_bandwidth_bytes_per_s),
             itl_base_s=self.itl_s,
             itl_per_seq_s=self.itl_per_seq_s,
+            prefill_s_per_running=self.prefill_s_per_running,
+            step_phase_wait=self.step_phase_wait,
+            queued_overhead_share=self.queued_overhead_share,
         )
 
     def tokenizer_dir(self) -> Path:

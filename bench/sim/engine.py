@@ -12,7 +12,7 @@ One request's life, as vLLM (with an offloading connector) lives it:
    ``overhead_s + uncached / prefill_tokens_per_s`` (or the measured
    ``prefill_curve``), plus ``prefill_s_per_running`` for each other request holding a
    slot, through a prefill lane of ``prefill_concurrency`` (the GPU's compute is
-   shared; loads are not);
+   shared; loads are not; ``PodTiming.lane_s`` has the rest);
 4. write the prompt's full blocks through to L2 (``STORAGE``/``REMOTE`` events, or
    none in LMCache fs:// mode);
 5. decode one token every ``itl_s + itl_per_seq_s x running``; each block that fills
@@ -309,11 +309,13 @@ class SimEngine:
         if plan.load_s > 0:
             await asyncio.sleep(plan.load_s)  # the connector loads outside the compute lane
         lane = self._prefill_lane
+        queued = False
         if lane is not None:
+            queued = lane.active >= lane.limit or lane.waiting > 0
             await lane.acquire()
         try:
             others = self._slots.active - 1  # the requests holding a slot beside this one
-            await asyncio.sleep(plan.compute_s + self.timing.beside_running_s(others))
+            await asyncio.sleep(self.timing.lane_s(plan.uncached_tokens, others, queued, self._rng))
         finally:
             if lane is not None:
                 lane.release()

