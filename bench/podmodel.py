@@ -119,7 +119,8 @@ class PodTiming:
     # varies by up to a step with the arrival's phase; without it, simulated pods
     # are clockwork, and a closed loop over them can lock into an order real pods
     # never keep (each conversation's turns always landing on one pod under
-    # round-robin). Needs a random source: the DES's pods have one.
+    # round-robin). The phase is drawn from the pod's own generator (the DES seeds it
+    # with the run's seed and the pod's name).
     step_phase_wait: bool = False
     # Share of the fixed cost (the prefill of no tokens) that a prefill pays when it
     # waited in the lane behind another: 1 runs prefills strictly one after another;
@@ -159,7 +160,8 @@ class PodTiming:
         what the others add. The live simulated pod and the DES both call this."""
         compute = self.compute_s(uncached_tokens)
         if queued:
-            compute -= (1.0 - self.queued_overhead_share) * self.compute_s(0)
+            shared = (1.0 - self.queued_overhead_share) * self.compute_s(0)
+            compute = max(0.0, compute - shared)
         wait = 0.0
         if self.step_phase_wait and others > 0 and not queued:
             wait = rng.random() * self.itl_s(others + 1)
