@@ -10,10 +10,13 @@ with the in-memory store.
 
 from __future__ import annotations
 
+import asyncio
 import random
+import threading
 import time
 
 import msgspec
+import zmq
 
 from kvindex.events.ingest import PodIngestor
 from kvindex.keyer import MASK64, BlockKeyer
@@ -95,3 +98,64 @@ async def measure_ingestion(
         await ingestor.apply_payload(payload)
     elapsed = time.perf_counter() - started
     return total / elapsed if elapsed > 0 else float("inf")
+
+
+async def measure_live_batches(
+    store: IndexStore, batches: int = 400, rate: float = 100.0, block_size: int = 16
+) -> float:
+    """The event loop's CPU per live batch, in µs: a real PUB socket on loopback (in
+    a thread, as an engine publishes from its own process) sends ``batches`` one-block
+    batches at ``rate`` a second to a ``KVEventSubscriber``; what the loop's thread
+    spends receiving and applying them (``time.thread_time``) over the batches. At
+    such rates every batch wakes the loop alone, as a pod's engine steps do, so this
+    is the per-message cost that a throughput number (``measure_ingestion``) hides."""
+    from prometheus_client import CollectorRegistry
+
+    from bench.ports import free_port
+    from kvindex.events.subscriber import KVEventSubscriber
+    from kvindex.metrics import EventMetrics
+
+    port = free_port()
+    started = threading.Event()
+
+    def publish() -> None:
+        ctx = zmq.Context()
+        pub = ctx.socket(zmq.PUB)
+        pub.bind(f"tcp://127.0.0.1:{port}")
+        started.wait(10)
+        time.sleep(0.3)  # the subscription reaches the PUB socket
+        for seq in range(batches):
+            tokens = list(range(seq * block_size, (seq + 1) * block_size))
+            parent = 10_000 + seq - 1 if seq else None
+            event = _stored([10_000 + seq], parent, tokens, block_size)
+            payload = _encoder.encode([time.time(), [event], 0])
+            pub.send_multipart([b"kv", seq.to_bytes(8, "big"), payload])
+            time.sleep(1 / rate)
+        pub.close(linger=1000)
+        ctx.term()
+
+    sub = KVEventSubscriber("bench-pod", f"tcp://127.0.0.1:{port}", None,
+                            BlockKeyer("bench-model", block_size), store,
+                            EventMetrics(CollectorRegistry()), topic="kv",
+                            bootstrap_replay=False)  # fmt: skip
+    await sub.start()
+    thread = threading.Thread(target=publish, daemon=True)
+    thread.start()
+    await asyncio.sleep(0.2)
+    cpu = time.thread_time()
+    started.set()
+    deadline = time.monotonic() + 10 + 2 * batches / rate
+
+    def received() -> int:
+        count = sub.stats[0]["batches"]
+        assert isinstance(count, int)
+        return count
+
+    while received() < batches and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    cpu = time.thread_time() - cpu
+    await sub.stop()
+    thread.join(5)
+    if received() == 0:
+        raise RuntimeError("no live batch arrived")
+    return 1e6 * cpu / received()

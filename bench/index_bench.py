@@ -21,10 +21,11 @@ import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass
 
+import uvloop
 from rich.console import Console
 from rich.table import Table
 
-from bench.event_ingest import measure_ingestion
+from bench.event_ingest import measure_ingestion, measure_live_batches
 from bench.index_lookup import print_index_bench, run_index_bench
 from bench.redis_server import REDIS_SERVER, running_redis
 from kvindex.events.engine_map import DEFAULT_CAPACITY, EngineKeyMap
@@ -69,6 +70,11 @@ def run_index_benchmarks(
         for name, rate in event_rates.items():
             table.add_row(name, f"{rate:,.0f}")
         console.print(table)
+    live_us = uvloop.run(_live_batches())
+    console.print(
+        f"Live KV events over ZMQ, one-block batches at 100/s into a MemoryStore: "
+        f"{live_us:.0f} µs of the event loop's CPU a batch"
+    )
     per_key = memory_per_key()
     console.print(f"MemoryStore: {per_key:,.0f} bytes per key held by two pods (tracemalloc)")
     churn = full_index_churn()
@@ -163,6 +169,15 @@ def memory_per_key(chains: int = 800, blocks: int = 128) -> float:
         return (tracemalloc.get_traced_memory()[0] - before) / (chains * blocks)
     finally:
         tracemalloc.stop()
+
+
+async def _live_batches() -> float:
+    """``measure_live_batches`` into a fresh store (run under uvloop, the gateway's loop)."""
+    store = MemoryStore(capacity_keys=1_000_000)
+    try:
+        return await measure_live_batches(store)
+    finally:
+        await store.close()
 
 
 async def _event_rate(store: IndexStore, n_blocks: int, block_size: int) -> float:

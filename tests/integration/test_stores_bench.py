@@ -8,8 +8,10 @@ import uuid
 import pytest
 from rich.console import Console
 
+from bench.event_ingest import measure_live_batches
 from bench.index_lookup import IndexBenchRow, print_index_bench, run_index_bench
 from bench.redis_server import RedisServer
+from kvindex.keyer import BlockKeyer
 from kvindex.memory_store import MemoryStore
 from kvindex.redis_store import RedisStore
 from kvindex.store import IndexStore
@@ -50,3 +52,13 @@ def test_bench_table_prints_every_row() -> None:
         "│ memory  │ 32,768 │  2,048 │         400k │    512 │    900 │     600 │            300 │"
         in out.getvalue()
     )
+
+
+async def test_the_live_event_benchmark_applies_every_batch_it_times():
+    """``kvgate bench index``'s live line: real ZMQ batches reach the store through the
+    subscriber, every one of them, chained as the engine chained them."""
+    store = MemoryStore(capacity_keys=100_000)
+    us = await measure_live_batches(store, batches=40, rate=200.0, block_size=16)
+    assert us > 0
+    keys = BlockKeyer("bench-model", 16).keys(list(range(40 * 16)))
+    assert store.match_now(keys, 16).for_pod("bench-pod").l0 == 40
