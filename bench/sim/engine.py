@@ -59,10 +59,11 @@ class FifoGate:
     def waiting(self) -> int:
         return len(self._waiters)
 
-    async def acquire(self) -> None:
+    async def acquire(self) -> bool:
+        """Take a slot; True if this had to wait for one (the gate was full)."""
         if self.active < self.limit and not self._waiters:
             self.active += 1
-            return
+            return False
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(fut)
         try:
@@ -73,6 +74,7 @@ class FifoGate:
             else:
                 self._waiters.remove(fut)
             raise
+        return True
 
     def release(self) -> None:
         while self._waiters:
@@ -311,8 +313,7 @@ class SimEngine:
         lane = self._prefill_lane
         queued = False
         if lane is not None:
-            queued = lane.active >= lane.limit or lane.waiting > 0
-            await lane.acquire()
+            queued = await lane.acquire()
         try:
             others = self._slots.active - 1  # the requests holding a slot beside this one
             await asyncio.sleep(self.timing.lane_s(plan.uncached_tokens, others, queued, self._rng))
