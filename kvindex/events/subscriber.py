@@ -175,9 +175,10 @@ class KVEventSubscriber:
         The SUB and monitor sockets are plain (blocking-API) sockets read without
         blocking when the loop says their descriptor is readable, not ``zmq.asyncio``
         sockets behind a ``Poller``: the asyncio wrapper creates futures, registers
-        watchers and polls on every message, ~300 µs of the loop's CPU a message
-        against ~150 for this on this machine (a message is one engine step's events,
-        so a CPU fleet sends one or two per request). A ZMQ descriptor only says that
+        watchers and polls on every message. A one-block batch, received and applied,
+        cost the loop 695-704 µs of CPU that way and 502-528 this way (the live line
+        of ``kvgate bench index``; a message is one engine step's events, so a CPU
+        fleet sends one or two per request). A ZMQ descriptor only says that
         something may have changed, so both sockets are drained, the monitor first
         (as the poller ordered them), whenever it fires and before each wait."""
         sub = self._sync_ctx.socket(zmq.SUB)
