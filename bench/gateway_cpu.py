@@ -11,6 +11,8 @@ starts two simulated pods (KV events on unless ``--no-events``) and one gateway,
 the real-fleet benchmark's ``users`` workload (1,024-token system prompt, 512-token
 user contexts, streamed answers of ``--max-tokens``) at ``--rate`` requests a second,
 and prints the gateway process's CPU time per request and per second of load.
+``--router`` puts a peer there instead (e.g. ``vllm-router:round_robin``), so that
+both are measured on the same pods, workload and rate.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from rich.console import Console
 from bench.gateway_proc import run_gateway
 from bench.loadgen import ChatRequest
 from bench.overhead import process_cpu_s
+from bench.peers import PEERS, PodEndpoint, run_peer
 from bench.sim.launch import sim_fleet
 from bench.tinymodel import MODEL_NAME, ensure_tokenizer
 from bench.workloads import user_contexts_workload
@@ -51,8 +54,9 @@ async def _drive(url: str, reqs: list[ChatRequest], rate: float, max_tokens: int
 
 
 def measure(
-    strategy: str, rate: float, max_tokens: int, events: bool, seeds: int
+    strategy: str, rate: float, max_tokens: int, events: bool, seeds: int, peer: str | None = None
 ) -> dict[str, float]:
+    """``peer`` (``NAME[:POLICY]``): that router instead of a kvgate of ``strategy``."""
     tok = ensure_tokenizer()
     reqs = [r for s in range(seeds) for r in user_contexts_workload(tok, seed=s).requests()]
     with sim_fleet(2, kv_events=True, block_size=32, itl_s=0.005, overhead_s=0.005) as pods:
@@ -67,7 +71,17 @@ def measure(
              if events else p.url)
             for p in pods
         ]  # fmt: skip
-        with run_gateway(specs, strategy, env=env) as url:
+        if peer is not None:
+            name, _, policy = peer.partition(":")
+            endpoints = [
+                PodEndpoint(p.url, p.events_endpoint, p.replay_endpoint) if events
+                else PodEndpoint(p.url)
+                for p in pods
+            ]  # fmt: skip
+            router = run_peer(name, endpoints, MODEL_NAME, 32, policy=policy or None)
+        else:
+            router = run_gateway(specs, strategy, env=env)
+        with router as url:
             time.sleep(1.0)  # start-up work (imports, tokenizer warm-up) is not counted
             before, started = process_cpu_s(url.pid), time.perf_counter()
             asyncio.run(_drive(url, reqs, rate, max_tokens))
@@ -80,18 +94,26 @@ def measure(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--strategy", default="round-robin")
+    p.add_argument("--router", metavar="PEER[:POLICY]",
+                   help=f"a peer instead of kvgate ({', '.join(PEERS)}), e.g. "
+                        "vllm-router:round_robin")  # fmt: skip
     p.add_argument("--rate", type=float, default=32.0, help="requests per second")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--no-events", action="store_true", help="pods without KV events")
     p.add_argument("--seeds", type=int, default=4, help="96 requests per seed")
     args = p.parse_args(argv)
     console = Console()
-    with console.status(f"{args.strategy} at {args.rate:g} req/s ..."):
-        r = measure(args.strategy, args.rate, args.max_tokens, not args.no_events, args.seeds)
+    if args.router is not None and args.router.partition(":")[0] not in PEERS:
+        p.error(f"--router: one of {', '.join(PEERS)}, optionally with :POLICY")
+    label = args.router or args.strategy
+    with console.status(f"{label} at {args.rate:g} req/s ..."):
+        r = measure(args.strategy, args.rate, args.max_tokens, not args.no_events, args.seeds,
+                    peer=args.router)  # fmt: skip
     console.print(
-        f"{args.strategy}, {args.rate:g} req/s, {args.max_tokens} tokens streamed, KV events "
+        f"{label}, {args.rate:g} req/s, {args.max_tokens} tokens streamed, KV events "
         f"{'off' if args.no_events else 'on'}: {r['requests']:.0f} requests in "
-        f"{r['wall_s']:.1f} s, gateway CPU {r['cpu_s']:.2f} s = {r['ms_per_request']:.2f} ms "
+        f"{r['wall_s']:.1f} s, {'router' if args.router else 'gateway'} CPU "
+        f"{r['cpu_s']:.2f} s = {r['ms_per_request']:.2f} ms "
         f"per request, {r['core_share']:.1%} of a core",
         soft_wrap=True,  # one line, however narrow the terminal
     )

@@ -165,6 +165,18 @@ def _wait_serving(
         raise PeerUnavailable(f"not serving within {timeout_s:.0f}s (log {log})") from None
 
 
+class PeerURL(str):
+    """The peer's base URL (a plain ``str``) carrying its process id, so that a
+    benchmark can read the CPU it spends (``bench.gateway_cpu``)."""
+
+    pid: int
+
+    def __new__(cls, url: str, pid: int) -> PeerURL:
+        obj = super().__new__(cls, url)
+        obj.pid = pid
+        return obj
+
+
 @contextlib.contextmanager
 def run_peer(
     name: str,
@@ -173,7 +185,7 @@ def run_peer(
     block_size: int,
     timeout_s: float = 60.0,
     policy: str | None = None,
-) -> Iterator[str]:
+) -> Iterator[PeerURL]:
     """Start the peer in front of ``pods``; yield its base URL; stop it on exit."""
     bin_dir = ensure_peer(name)
     port = free_port()
@@ -183,7 +195,7 @@ def run_peer(
     cmd = peer_command(name, bin_dir, port, pods, model, block_size, policy)
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    url = PeerURL(f"http://127.0.0.1:{port}", proc.pid)
     try:
         _wait_serving(url, model, proc, log, timeout_s)
         yield url

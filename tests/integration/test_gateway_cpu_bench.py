@@ -28,3 +28,11 @@ def test_the_benchmark_reports_the_gateways_cpu_per_request():
     cpu_s, per_request_ms = float(found[1]), float(found[2])
     # both printed to 2 decimals: the per-request figure is the total over 96 requests
     assert cpu_s > 0 and abs(per_request_ms - 1000 * cpu_s / 96) < 0.06
+
+
+def test_it_refuses_a_router_that_is_not_a_peer():
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.gateway_cpu", "--router", "nginx"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2 and "--router: one of vllm-router, sglang-router" in out.stderr

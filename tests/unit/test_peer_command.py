@@ -38,3 +38,15 @@ def test_sglang_router_gets_its_policy_and_the_pods():
     assert cmd[cmd.index("--worker-urls") + 1 : cmd.index("--worker-urls") + 3] == [
         p.url for p in PODS
     ]
+
+
+def test_a_peers_url_is_a_plain_string_that_carries_its_process_id() -> None:
+    from bench.peers import PeerURL
+
+    url = PeerURL("http://127.0.0.1:8000", 4242)
+
+    assert (url, url.pid, f"{url}/v1") == (
+        "http://127.0.0.1:8000",
+        4242,
+        "http://127.0.0.1:8000/v1",
+    )
