@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import statistics
+import time
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -37,6 +38,7 @@ from rich.table import Table
 from bench.calibrate import PrefillFit, measure_pod
 from bench.fleet import Cell, FleetPlan, Load, is_peer, run_cell_retrying
 from bench.loadgen import RequestResult
+from bench.machine_speed import DEFAULT_PERIOD_S, SpeedSampler
 from bench.podstats import parse_metrics
 from bench.stats import pct
 from bench.tinymodel import MODEL_NAME, ensure_tokenizer
@@ -98,6 +100,9 @@ class RealCell:
     prediction_error: float | None = None  # the load generator's clock
     gateway_prediction_error: float | None = None  # kvgate's clock (its histogram)
     skipped: str = ""
+    # The machine's speed during the cell: median CPU ms of bench.machine_speed's loop
+    # (~0.85 on this VM's fast speed, ~1.4 on its slow one).
+    machine_ms: float | None = None
 
 
 @dataclass
@@ -116,6 +121,7 @@ class RouterSummary:
     prediction_error: float | None
     errors: int
     gateway_prediction_error: float | None = None
+    machine_ms_median: float | None = None  # the machine's speed in its cells (RealCell)
 
 
 @dataclass
@@ -201,6 +207,7 @@ def run_real_cell(
     router: str,
     seed: int,
     requests_out: Path | None = None,
+    speed: SpeedSampler | None = None,
 ) -> RealCell:
     name, _, load = cell.partition("@")
     workload = make_workload(name, prompt_seed(seed, router, cell))
@@ -218,13 +225,17 @@ def run_real_cell(
     )
     reset_caches(urls)
     before = served_per_pod(urls)
+    started = time.monotonic()
     out = run_cell_retrying(fleet, workload, "as deployed", Load.parse(load), router)
+    ended = time.monotonic()
     after = served_per_pod(urls)
     if requests_out is not None:
         write_requests(requests_out, out.results, cell=cell, router=router, seed=seed)
-    return _real_cell(
+    rc = _real_cell(
         out, name, load, router, seed, [a - b for a, b in zip(after, before, strict=True)]
     )
+    rc.machine_ms = speed.median_ms(started, ended) if speed is not None else None
+    return rc
 
 
 def write_requests(path: Path, results: Sequence[RequestResult], **cell: str | int) -> None:
@@ -272,11 +283,14 @@ def run_real(plan: RealPlan, out: Path, console: Console | None = None) -> list[
             f"queued overhead share {_share(fit)}"
         )
         kv_options = plan.kv_options or {"cost_model": fit.cost_model(BLOCK_SIZE)}
-        with _environment(
-            {
-                "KVGATE_STRATEGY_OPTIONS": json.dumps({"kv-aware": kv_options}),
-                "KVGATE_EXPOSE_PREDICTIONS": "true",
-            }
+        with (
+            _environment(
+                {
+                    "KVGATE_STRATEGY_OPTIONS": json.dumps({"kv-aware": kv_options}),
+                    "KVGATE_EXPOSE_PREDICTIONS": "true",
+                }
+            ),
+            SpeedSampler() as speed,
         ):
             if plan.warm_up:
                 warm_up(plan, specs, urls, console)
@@ -285,7 +299,8 @@ def run_real(plan: RealPlan, out: Path, console: Console | None = None) -> list[
                     order = _rotated(list(plan.routers), seed)  # no router always goes first
                     for router in order:
                         rc = run_real_cell(plan, specs, urls, cell, router, seed,
-                                           requests_out=out / "requests.jsonl")  # fmt: skip
+                                           requests_out=out / "requests.jsonl",
+                                           speed=speed)  # fmt: skip
                         cells.append(rc)
                         _print_cell(console, rc)
                         (out / "cells.json").write_text(
@@ -317,6 +332,10 @@ def warm_up(plan: RealPlan, specs: list[str], urls: list[str], console: Console)
         rc = run_real_cell(plan, specs, urls, cell, WARM_UP_ROUTER, WARM_UP_SEED)
         p90 = "n/a" if rc.p90_ms is None else f"{rc.p90_ms:.0f} ms"
         console.print(f"warm-up {cell} through {WARM_UP_ROUTER}: p90 {p90} (not counted)")
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
 
 
 def _share(fit: PrefillFit) -> str:
@@ -382,7 +401,8 @@ def _print_cell(console: Console, c: RealCell) -> None:
         return
     console.print(
         f"{c.workload}@{c.load} seed {c.seed} {c.router:26s} p50 {c.p50_ms:6.0f} p90 "
-        f"{c.p90_ms:6.0f} ms cached {c.cached:5.1%} pods {c.per_pod} errors {c.errors}"
+        f"{c.p90_ms:6.0f} ms cached {c.cached:5.1%} pods {c.per_pod} errors {c.errors} "
+        f"machine {_ms(c.machine_ms)} ms"
     )
 
 
@@ -400,6 +420,7 @@ def summarize(cells: Sequence[RealCell]) -> list[RouterSummary]:
         errors = [c.prediction_error for c in runs if c.prediction_error is not None]
         own = [c.gateway_prediction_error for c in runs if c.gateway_prediction_error is not None]
         shares = [max(c.per_pod) / sum(c.per_pod) for c in runs if c.per_pod and sum(c.per_pod)]
+        machine = [c.machine_ms for c in runs if c.machine_ms is not None]
         out.append(
             RouterSummary(
                 workload,
@@ -416,6 +437,7 @@ def summarize(cells: Sequence[RealCell]) -> list[RouterSummary]:
                 statistics.median(errors) if errors else None,
                 sum(c.errors for c in runs),
                 statistics.median(own) if own else None,
+                statistics.median(machine) if machine else None,
             )
         )
     return sorted(out, key=_report_order)
@@ -500,6 +522,7 @@ def print_summaries(console: Console, summaries: Sequence[RouterSummary]) -> Non
         "pred. error",
         "own pred. error",
         "errors",
+        "machine ms",
     ):
         table.add_column(col, justify="left" if col in ("workload", "load", "router") else "right")
     for s in summaries:
@@ -517,6 +540,7 @@ def print_summaries(console: Console, summaries: Sequence[RouterSummary]) -> Non
             pct(s.prediction_error),
             pct(s.gateway_prediction_error),
             str(s.errors),
+            _ms(s.machine_ms_median),
         )
     console.print(table)
     for v in verdicts(summaries):
@@ -580,18 +604,22 @@ def write_report(
         f"|predicted - observed| / observed, observed by the load generator; *kvgate's own*: "
         f"the same from kvgate's `kvgate_predicted_ttft_relative_error` histogram "
         f"(interpolated in its bucket), observed from the request's arrival at the gateway "
-        f"to the pod's first byte, which is what the prediction is of (medians over seeds).",
+        f"to the pod's first byte, which is what the prediction is of (medians over seeds). "
+        f"*Machine*: the median CPU ms of a fixed loop sampled every "
+        f"{DEFAULT_PERIOD_S:g} s during the router's cells (`bench/machine_speed.py`; this "
+        f"VM runs it in ~0.85 ms at its fast speed and ~1.4 at its slow one, switching every "
+        f"few seconds): a router whose cells ran slow had slower pods too.",
         "",
         "| workload | load | router | seeds | TTFT p90 median ms | p90 worst ms | p50 median ms "
         "| p99 worst ms | cached | busiest pod | TTFT pred. error | kvgate's own pred. error "
-        "| errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| errors | machine ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *(
             f"| {s.workload} | {s.load} | {s.router} | {s.seeds} | {s.p90_median_ms:.0f} | "
             f"{s.p90_worst_ms:.0f} | {s.p50_median_ms:.0f} | {s.p99_worst_ms:.0f} | "
             f"{s.cached_median:.1%} | "
             f"{s.busiest_pod_share:.0%} | {pct(s.prediction_error)} | "
-            f"{pct(s.gateway_prediction_error)} | {s.errors} |"
+            f"{pct(s.gateway_prediction_error)} | {s.errors} | {_ms(s.machine_ms_median)} |"
             for s in summaries
         ),
         "",

@@ -120,6 +120,22 @@ def test_kvgates_own_prediction_error_is_the_median_over_seeds():
     )
 
 
+def test_the_machines_speed_is_the_median_over_a_routers_cells_and_is_in_the_report(tmp_path):
+    from bench.calibrate import PrefillFit
+    from bench.real_fleet import RealPlan, write_report
+
+    cells = [cell("kv-aware", s, 50) for s in range(3)] + [cell("round-robin", 0, 60)]
+    for c, ms in zip(cells, (0.9, 1.4, 1.3, None), strict=True):
+        c.machine_ms = ms
+    summaries = summarize(cells)
+    by = {s.router: s for s in summaries}
+    assert (by["kv-aware"].machine_ms_median, by["round-robin"].machine_ms_median) == (1.3, None)
+
+    write_report(RealPlan(), PrefillFit(0.001, 20_000.0, ()), {}, cells, summaries, tmp_path)
+    rows = [r for r in (tmp_path / "report.md").read_text().splitlines() if "| chat |" in r]
+    assert rows[0].endswith("| 1.30 |") and rows[1].endswith("| n/a |")
+
+
 def test_a_histograms_median_is_interpolated_inside_its_bucket():
     inf = float("inf")
     # 8 observations: 2 up to 0.1, 4 in (0.1, 0.2], 2 in (0.2, 0.3]; the 4th is 2/4 in.
@@ -173,10 +189,11 @@ def test_each_cell_runs_once_unmeasured_before_the_measured_cells(tmp_path, monk
     def pods(n, log_dir, pin_cores, niceness=0):
         yield [FakePod() for _ in range(n)]
 
-    calls = []
+    calls, sampled = [], []
 
-    def run_cell(plan, specs, urls, cell_name, router, seed, requests_out=None):
+    def run_cell(plan, specs, urls, cell_name, router, seed, requests_out=None, speed=None):
         calls.append((cell_name, router, seed))
+        sampled.append(speed is not None)
         return cell(router, seed, 40)
 
     monkeypatch.setattr(rf, "real_pods", pods)
@@ -188,6 +205,7 @@ def test_each_cell_runs_once_unmeasured_before_the_measured_cells(tmp_path, monk
     out = rf.run_real(plan, tmp_path, Console(file=open(tmp_path / "log", "w")))  # noqa: SIM115
     warm = [(c, "round-robin", rf.WARM_UP_SEED) for c in cells]
     assert calls[:2] == warm
+    assert all(sampled[2:])  # every measured cell is given the machine's speed sampler
     assert len(calls) == 2 + 2 * 2 * 2 and rf.WARM_UP_SEED not in {s for _, _, s in calls[2:]}
     assert {(c.router, c.seed) for c in out} == {(r, s) for r in plan.routers for s in (0, 1)}
     assert len(json.loads((tmp_path / "cells.json").read_text())) == 8
