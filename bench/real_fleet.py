@@ -308,6 +308,8 @@ def run_real(plan: RealPlan, out: Path, console: Console | None = None) -> list[
                         )
     summaries = summarize(cells)
     print_summaries(console, summaries)
+    if speed_effects(cells):
+        console.print(_speed_sentence(speed_effects(cells)))
     write_report(plan, fit, kv_options, cells, summaries, out)
     return cells
 
@@ -473,6 +475,53 @@ class Verdict:
         )
 
 
+@dataclass(frozen=True)
+class SpeedEffect:
+    """How a cell's TTFT p90 followed the machine's speed, within each router (each cell
+    against its router's mean over seeds, so that routing does not count): the
+    correlation and the slope (1.4: a cell run 10% slower had a 14% higher p90)."""
+
+    workload: str
+    load: str
+    cells: int
+    correlation: float
+    slope: float
+
+
+def speed_effects(cells: Sequence[RealCell]) -> list[SpeedEffect]:
+    groups: dict[tuple[str, str], dict[str, list[RealCell]]] = {}
+    for c in cells:
+        if not c.skipped and c.p90_ms and c.machine_ms:
+            groups.setdefault((c.workload, c.load), {}).setdefault(c.router, []).append(c)
+    out = []
+    for (workload, load), by_router in groups.items():
+        xs, ys = [], []
+        for runs in by_router.values():
+            if len(runs) < 2:
+                continue
+            p90 = statistics.mean(c.p90_ms or 0.0 for c in runs)
+            machine = statistics.mean(c.machine_ms or 0.0 for c in runs)
+            xs += [(c.machine_ms or 0.0) / machine - 1 for c in runs]
+            ys += [(c.p90_ms or 0.0) / p90 - 1 for c in runs]
+        if len(xs) >= 3 and len(set(xs)) > 1 and len(set(ys)) > 1:
+            slope = statistics.linear_regression(xs, ys).slope
+            out.append(SpeedEffect(workload, load, len(xs), statistics.correlation(xs, ys), slope))
+    return out
+
+
+def _speed_sentence(effects: Sequence[SpeedEffect]) -> str:
+    if not effects:
+        return ""
+    parts = [
+        f"{e.workload}@{e.load} r = {e.correlation:.2f}, slope {e.slope:.2f} over {e.cells} cells"
+        for e in effects
+    ]
+    return (
+        "Within a router, a cell's p90 against the machine's speed in it (each against the "
+        "router's mean over seeds): " + "; ".join(parts) + "."
+    )
+
+
 def verdicts(summaries: Sequence[RouterSummary]) -> list[Verdict]:
     out = []
     for workload, load in dict.fromkeys((s.workload, s.load) for s in summaries):
@@ -574,6 +623,7 @@ def write_report(
                 "cells": [asdict(c) for c in cells],
                 "summaries": [asdict(s) for s in summaries],
                 "verdicts": [asdict(v) | {"holds": v.holds} for v in verdicts(summaries)],
+                "speed_effects": [asdict(e) for e in speed_effects(cells)],
             },
             indent=1,
         )
@@ -633,6 +683,7 @@ def write_report(
             for v in verdicts(summaries)
         ),
         "",
+        *([_speed_sentence(speed_effects(cells)), ""] if speed_effects(cells) else []),
         *(f"![{img}]({img})" for img in images),
     ]
     path = out / "report.md"

@@ -136,6 +136,25 @@ def test_the_machines_speed_is_the_median_over_a_routers_cells_and_is_in_the_rep
     assert rows[0].endswith("| 1.30 |") and rows[1].endswith("| n/a |")
 
 
+def test_the_speed_effect_compares_each_cell_with_its_own_routers_mean():
+    from bench.real_fleet import speed_effects
+
+    # kv-aware's p90 follows the machine exactly; round-robin's is twice as high, which
+    # is routing, not speed, and must not count.
+    cells = []
+    for router, scale in (("kv-aware", 1.0), ("round-robin", 2.0)):
+        for seed, machine in enumerate((1.0, 1.2, 1.5)):
+            c = cell(router, seed, 60 * machine * scale)
+            c.machine_ms = machine
+            cells.append(c)
+    (effect,) = speed_effects(cells)
+    assert effect.cells == 6 and abs(effect.correlation - 1) < 1e-9 and abs(effect.slope - 1) < 1e-9
+
+    for c in cells:
+        c.machine_ms = 1.3  # one speed throughout: nothing to relate
+    assert speed_effects(cells) == []
+
+
 def test_a_histograms_median_is_interpolated_inside_its_bucket():
     inf = float("inf")
     # 8 observations: 2 up to 0.1, 4 in (0.1, 0.2], 2 in (0.2, 0.3]; the 4th is 2/4 in.
