@@ -103,6 +103,17 @@ class RealCell:
     # The machine's speed during the cell: median CPU ms of bench.machine_speed's loop
     # (~0.85 on this VM's fast speed, ~1.4 on its slow one).
     machine_ms: float | None = None
+    # TTFT split: the client's mean, and the pods' own mean over the cell (vLLM's
+    # histogram); what lies between is the router's (and the client's) share.
+    ttft_mean_ms: float | None = None
+    pod_ttft_mean_ms: float | None = None
+
+    @property
+    def added_ms(self) -> float | None:
+        """Mean TTFT beyond the pods' own: the router's path, there and back."""
+        if self.ttft_mean_ms is None or self.pod_ttft_mean_ms is None:
+            return None
+        return self.ttft_mean_ms - self.pod_ttft_mean_ms
 
 
 @dataclass
@@ -122,6 +133,8 @@ class RouterSummary:
     errors: int
     gateway_prediction_error: float | None = None
     machine_ms_median: float | None = None  # the machine's speed in its cells (RealCell)
+    pod_ttft_median_ms: float | None = None  # the pods' own mean TTFT, median over seeds
+    added_median_ms: float | None = None  # client mean TTFT beyond it, median over seeds
 
 
 @dataclass
@@ -182,13 +195,30 @@ def reset_caches(urls: Sequence[str]) -> None:
         r.raise_for_status()
 
 
-def served_per_pod(urls: Sequence[str]) -> list[int]:
-    """Requests each pod has finished so far (vLLM's own counter)."""
-    counts = []
+@dataclass(frozen=True)
+class PodCounters:
+    """What the pods' ``/metrics`` say so far: requests each finished, and their own
+    time to first token (vLLM's histogram: from the request's arrival at the pod's
+    server to its first token), summed over the pods."""
+
+    served: list[int]
+    ttft_sum_s: float
+    ttft_count: float
+
+
+def pod_counters(urls: Sequence[str]) -> PodCounters:
+    served, ttft_sum, ttft_count = [], 0.0, 0.0
     for url in urls:
         m = parse_metrics(httpx.get(f"{url}/metrics", timeout=10).text)
-        counts.append(int(m.get("vllm:request_success_total", 0)))
-    return counts
+        served.append(int(m.get("vllm:request_success_total", 0)))
+        ttft_sum += m.get("vllm:time_to_first_token_seconds_sum", 0.0)
+        ttft_count += m.get("vllm:time_to_first_token_seconds_count", 0.0)
+    return PodCounters(served, ttft_sum, ttft_count)
+
+
+def served_per_pod(urls: Sequence[str]) -> list[int]:
+    """Requests each pod has finished so far (vLLM's own counter)."""
+    return pod_counters(urls).served
 
 
 # -- cells --------------------------------------------------------------------------------
@@ -224,17 +254,23 @@ def run_real_cell(
         health_interval_s=HealthSettings().interval_s,
     )
     reset_caches(urls)
-    before = served_per_pod(urls)
+    before = pod_counters(urls)
     started = time.monotonic()
     out = run_cell_retrying(fleet, workload, "as deployed", Load.parse(load), router)
     ended = time.monotonic()
-    after = served_per_pod(urls)
+    after = pod_counters(urls)
     if requests_out is not None:
         write_requests(requests_out, out.results, cell=cell, router=router, seed=seed)
     rc = _real_cell(
-        out, name, load, router, seed, [a - b for a, b in zip(after, before, strict=True)]
-    )
+        out, name, load, router, seed,
+        [a - b for a, b in zip(after.served, before.served, strict=True)],
+    )  # fmt: skip
     rc.machine_ms = speed.median_ms(started, ended) if speed is not None else None
+    if after.ttft_count > before.ttft_count:
+        # A peer's readiness probe (one short request) falls in this window too.
+        rc.pod_ttft_mean_ms = (
+            1000 * (after.ttft_sum_s - before.ttft_sum_s) / (after.ttft_count - before.ttft_count)
+        )
     return rc
 
 
@@ -263,6 +299,7 @@ def _real_cell(
         rc.p99_ms = s.ttft_p99_ms
         rc.errors, rc.requests = s.errors, s.requests
         rc.prediction_error = s.ttft_prediction_error
+        rc.ttft_mean_ms = s.ttft_mean_ms if s.ttft_mean_ms == s.ttft_mean_ms else None  # nan
     rc.gateway_prediction_error = c.gateway_prediction_error
     return rc
 
@@ -340,6 +377,10 @@ def _ms(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
 
+def _ms1(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
+
+
 def _share(fit: PrefillFit) -> str:
     share = fit.queued_overhead_share
     return "not measured" if share is None else f"{share:.2f}"
@@ -404,7 +445,8 @@ def _print_cell(console: Console, c: RealCell) -> None:
     console.print(
         f"{c.workload}@{c.load} seed {c.seed} {c.router:26s} p50 {c.p50_ms:6.0f} p90 "
         f"{c.p90_ms:6.0f} ms cached {c.cached:5.1%} pods {c.per_pod} errors {c.errors} "
-        f"machine {_ms(c.machine_ms)} ms"
+        f"machine {_ms(c.machine_ms)} ms, pods' TTFT {_ms1(c.pod_ttft_mean_ms)} + "
+        f"{_ms1(c.added_ms)} ms"
     )
 
 
@@ -423,6 +465,8 @@ def summarize(cells: Sequence[RealCell]) -> list[RouterSummary]:
         own = [c.gateway_prediction_error for c in runs if c.gateway_prediction_error is not None]
         shares = [max(c.per_pod) / sum(c.per_pod) for c in runs if c.per_pod and sum(c.per_pod)]
         machine = [c.machine_ms for c in runs if c.machine_ms is not None]
+        pod_ttft = [c.pod_ttft_mean_ms for c in runs if c.pod_ttft_mean_ms is not None]
+        added = [c.added_ms for c in runs if c.added_ms is not None]
         out.append(
             RouterSummary(
                 workload,
@@ -440,6 +484,8 @@ def summarize(cells: Sequence[RealCell]) -> list[RouterSummary]:
                 sum(c.errors for c in runs),
                 statistics.median(own) if own else None,
                 statistics.median(machine) if machine else None,
+                statistics.median(pod_ttft) if pod_ttft else None,
+                statistics.median(added) if added else None,
             )
         )
     return sorted(out, key=_report_order)
@@ -572,6 +618,8 @@ def print_summaries(console: Console, summaries: Sequence[RouterSummary]) -> Non
         "own pred. error",
         "errors",
         "machine ms",
+        "pods' TTFT",
+        "added",
     ):
         table.add_column(col, justify="left" if col in ("workload", "load", "router") else "right")
     for s in summaries:
@@ -590,6 +638,8 @@ def print_summaries(console: Console, summaries: Sequence[RouterSummary]) -> Non
             pct(s.gateway_prediction_error),
             str(s.errors),
             _ms(s.machine_ms_median),
+            _ms1(s.pod_ttft_median_ms),
+            _ms1(s.added_median_ms),
         )
     console.print(table)
     for v in verdicts(summaries):
@@ -658,18 +708,25 @@ def write_report(
         f"*Machine*: the median CPU ms of a fixed loop sampled every "
         f"{DEFAULT_PERIOD_S:g} s during the router's cells (`bench/machine_speed.py`; this "
         f"VM runs it in ~0.85 ms at its fast speed and ~1.4 at its slow one, switching every "
-        f"few seconds): a router whose cells ran slow had slower pods too.",
+        f"few seconds): a router whose cells ran slow had slower pods too. *Pods' TTFT*: the "
+        f"pods' own mean time to first token over the cell (vLLM's "
+        f"`vllm:time_to_first_token_seconds`, from the request's arrival at the pod to its "
+        f"first token: what placement and the machine decide); *added*: the load generator's "
+        f"mean TTFT beyond it (the router's path there and back, and the client's own; a "
+        f"peer's readiness probe, one short request, counts in its pods' mean) (medians over "
+        f"seeds).",
         "",
         "| workload | load | router | seeds | TTFT p90 median ms | p90 worst ms | p50 median ms "
         "| p99 worst ms | cached | busiest pod | TTFT pred. error | kvgate's own pred. error "
-        "| errors | machine ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| errors | machine ms | pods' TTFT ms | added ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *(
             f"| {s.workload} | {s.load} | {s.router} | {s.seeds} | {s.p90_median_ms:.0f} | "
             f"{s.p90_worst_ms:.0f} | {s.p50_median_ms:.0f} | {s.p99_worst_ms:.0f} | "
             f"{s.cached_median:.1%} | "
             f"{s.busiest_pod_share:.0%} | {pct(s.prediction_error)} | "
-            f"{pct(s.gateway_prediction_error)} | {s.errors} | {_ms(s.machine_ms_median)} |"
+            f"{pct(s.gateway_prediction_error)} | {s.errors} | {_ms(s.machine_ms_median)} | "
+            f"{_ms1(s.pod_ttft_median_ms)} | {_ms1(s.added_median_ms)} |"
             for s in summaries
         ),
         "",

@@ -133,7 +133,7 @@ def test_the_machines_speed_is_the_median_over_a_routers_cells_and_is_in_the_rep
 
     write_report(RealPlan(), PrefillFit(0.001, 20_000.0, ()), {}, cells, summaries, tmp_path)
     rows = [r for r in (tmp_path / "report.md").read_text().splitlines() if "| chat |" in r]
-    assert rows[0].endswith("| 1.30 |") and rows[1].endswith("| n/a |")
+    assert rows[0].endswith("| 1.30 | n/a | n/a |") and rows[1].endswith("| n/a | n/a | n/a |")
 
 
 def test_the_speed_effect_compares_each_cell_with_its_own_routers_mean():
@@ -153,6 +153,35 @@ def test_the_speed_effect_compares_each_cell_with_its_own_routers_mean():
     for c in cells:
         c.machine_ms = 1.3  # one speed throughout: nothing to relate
     assert speed_effects(cells) == []
+
+
+def test_a_cells_ttft_splits_into_the_pods_own_and_what_the_router_added(monkeypatch):
+    import bench.real_fleet as rf
+
+    metrics = {
+        "http://a": "vllm:request_success_total 7\n"
+        "vllm:time_to_first_token_seconds_sum 0.3\nvllm:time_to_first_token_seconds_count 6\n",
+        "http://b": "vllm:request_success_total 4\n"
+        "vllm:time_to_first_token_seconds_sum 0.2\nvllm:time_to_first_token_seconds_count 4\n",
+    }
+
+    class Reply:
+        def __init__(self, text: str) -> None:
+            self.text = text
+
+    monkeypatch.setattr(
+        rf.httpx, "get", lambda url, timeout: Reply(metrics[url[: -len("/metrics")]])
+    )
+    counters = rf.pod_counters(["http://a", "http://b"])
+    assert (counters.served, counters.ttft_sum_s, counters.ttft_count) == ([7, 4], 0.5, 10.0)
+
+    cells = [cell("kv-aware", s, 50) for s in range(3)]
+    for c, (client, pods) in zip(cells, ((45.0, 35.0), (50.0, 38.0), (40.0, 33.0)), strict=True):
+        c.ttft_mean_ms, c.pod_ttft_mean_ms = client, pods
+    assert [c.added_ms for c in cells] == [10.0, 12.0, 7.0]
+    kv = by_router(cells)["kv-aware"]
+    assert (kv.pod_ttft_median_ms, kv.added_median_ms) == (35.0, 10.0)
+    assert cell("round-robin", 0, 50).added_ms is None  # no pods' figure: nothing to split
 
 
 def test_a_histograms_median_is_interpolated_inside_its_bucket():
@@ -251,7 +280,7 @@ def test_the_real_benchmark_runs_kvgate_with_its_default_probe_period(monkeypatc
         raise RuntimeError("stop here")
 
     monkeypatch.setattr(rf, "reset_caches", lambda urls: None)
-    monkeypatch.setattr(rf, "served_per_pod", lambda urls: [0, 0])
+    monkeypatch.setattr(rf, "pod_counters", lambda urls: rf.PodCounters([0, 0], 0.0, 0.0))
     monkeypatch.setattr(rf, "run_cell_retrying", run_cell)
     with pytest.raises(RuntimeError, match="stop here"):
         rf.run_real_cell(rf.RealPlan(), ["http://a", "http://b"], ["http://a", "http://b"],
