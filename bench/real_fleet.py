@@ -104,13 +104,15 @@ class RealCell:
     # (~0.85 on this VM's fast speed, ~1.4 on its slow one).
     machine_ms: float | None = None
     # TTFT split: the client's mean, and the pods' own mean over the cell (vLLM's
-    # histogram); what lies between is the router's (and the client's) share.
+    # histogram, from the engine's receipt of the tokenized request); what lies between
+    # is the router's path, the pod's server work outside the engine and the client's.
     ttft_mean_ms: float | None = None
     pod_ttft_mean_ms: float | None = None
 
     @property
     def added_ms(self) -> float | None:
-        """Mean TTFT beyond the pods' own: the router's path, there and back."""
+        """Mean TTFT beyond the pods' own: the router's path there and back, the pod's
+        server work outside its engine (rendering, tokenizing) and the client's."""
         if self.ttft_mean_ms is None or self.pod_ttft_mean_ms is None:
             return None
         return self.ttft_mean_ms - self.pod_ttft_mean_ms
@@ -710,11 +712,13 @@ def write_report(
         f"VM runs it in ~0.85 ms at its fast speed and ~1.4 at its slow one, switching every "
         f"few seconds): a router whose cells ran slow had slower pods too. *Pods' TTFT*: the "
         f"pods' own mean time to first token over the cell (vLLM's "
-        f"`vllm:time_to_first_token_seconds`, from the request's arrival at the pod to its "
-        f"first token: what placement and the machine decide); *added*: the load generator's "
-        f"mean TTFT beyond it (the router's path there and back, and the client's own; a "
-        f"peer's readiness probe, one short request, counts in its pods' mean) (medians over "
-        f"seeds).",
+        f"`vllm:time_to_first_token_seconds`, from the engine's receipt of the rendered, "
+        f"tokenized request to its first token: what placement and the machine decide); "
+        f"*added*: the load generator's mean TTFT beyond it: the router's path there and "
+        f"back, the pod's server rendering and tokenizing the prompt and sending the token, "
+        f"and the client's own (the same work for every router on a workload, so a "
+        f"difference between routers is theirs; a peer's readiness probe, one short "
+        f"request, counts in its pods' mean) (medians over seeds).",
         "",
         "| workload | load | router | seeds | TTFT p90 median ms | p90 worst ms | p50 median ms "
         "| p99 worst ms | cached | busiest pod | TTFT pred. error | kvgate's own pred. error "

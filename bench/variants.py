@@ -20,6 +20,9 @@ class Variant:
     # kv-aware options laid over the benchmark's (or ``kv_options``): one option changed,
     # the measured or simulated cost model kept.
     kv_overrides: dict[str, Any] = field(default_factory=dict, hash=False)
+    # Other gateway settings, as environment variables (the gateway's HTTP path only:
+    # the DES has none, so there the variant is the default).
+    gateway_settings: dict[str, str] = field(default_factory=dict, hash=False)
 
     def kv_aware_options(self, base: dict[str, Any] | None) -> dict[str, Any] | None:
         """kv-aware's options under this variant, given the benchmark's ``base``."""
@@ -31,7 +34,8 @@ class Variant:
     def gateway_env(self, base_kv_options: dict[str, Any] | None = None) -> dict[str, str]:
         """The variant as ``kvgate serve`` environment settings; ``base_kv_options``:
         the benchmark's kv-aware options, which ``kv_overrides`` are laid over."""
-        env = {"KVGATE_INDEX__SPECULATIVE_TTL_S": str(self.speculative_ttl_s)}
+        env = {"KVGATE_INDEX__SPECULATIVE_TTL_S": str(self.speculative_ttl_s),
+               **self.gateway_settings}  # fmt: skip
         if self.kv_options is not None or self.kv_overrides:
             options = self.kv_aware_options(base_kv_options)
             env["KVGATE_STRATEGY_OPTIONS"] = json.dumps({"kv-aware": options})
@@ -54,6 +58,11 @@ VARIANTS = {
     # Every L0 write priced as evicting, however empty the pod's cache (roomy_share 0):
     # a pod lacking a prefix pays its prefill twice, so a hot prefix is copied later.
     "full-cache": Variant("full-cache", kv_overrides={"roomy_share": 0.0}),
+    # A stream's headers sent as soon as the pod's arrive (`stream_headers_early`): the
+    # client's response set-up overlaps the prefill; no retry after them.
+    "early-headers": Variant(
+        "early-headers", gateway_settings={"KVGATE_STREAM_HEADERS_EARLY": "true"}
+    ),
 }
 
 

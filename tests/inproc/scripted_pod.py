@@ -134,14 +134,19 @@ def stream(
     *,
     delay_s: float = 0.0,
     ending: Literal["complete", "break", "hold"] = "complete",
+    before_first: asyncio.Event | None = None,
 ) -> Behaviour:
     """An SSE response, each piece its own chunk and TCP write, ``delay_s`` apart.
 
     ``ending``: "complete" ends the chunked body cleanly; "break" closes the
-    connection mid-body; "hold" keeps it open until the gateway hangs up."""
+    connection mid-body; "hold" keeps it open until the gateway hangs up.
+    ``before_first``: the head goes out at once, the first piece once it is set (as
+    vLLM sends its headers on accepting a request, its first token after prefill)."""
 
     async def respond(wire: Wire, received: Received) -> None:
         await wire.head(200, "text/event-stream", None)
+        if before_first is not None:
+            await before_first.wait()
         for i, piece in enumerate(pieces):
             if i and delay_s:
                 await asyncio.sleep(delay_s)

@@ -49,3 +49,13 @@ def test_no_eviction_cost_keeps_the_benchmarks_cost_model_and_zeroes_the_weight(
         "kv-aware": {"cost_model": {"prefill_tokens_per_s": 41_431.0}, "eviction_weight": 0.0}
     }
     assert variant.kv_aware_options(None) == {"eviction_weight": 0.0}
+
+
+def test_early_headers_turns_on_the_gateways_early_stream_headers(monkeypatch):
+    strategy, variant = split_variant("round-robin/early-headers")
+    env = variant.gateway_env()
+    assert strategy == "round-robin" and env["KVGATE_STREAM_HEADERS_EARLY"] == "true"
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert Settings(_env_file=None).stream_headers_early is True
+    assert split_variant("round-robin")[1].gateway_env().get("KVGATE_STREAM_HEADERS_EARLY") is None
