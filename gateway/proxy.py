@@ -383,6 +383,7 @@ class Proxy:
         loop = asyncio.get_running_loop()
         chunks = upstream.chunks().__aiter__()
         started = self._s.stream_headers_early
+        failure: tuple[int, str] | None = None  # (status, what the pod did)
         if started:
             await send({"type": "http.response.start", "status": 200,
                         "headers": out + _STREAM_HEADERS})  # fmt: skip
@@ -391,16 +392,18 @@ class Proxy:
                 with span("kvgate.first_byte"):
                     first = await anext(chunks, b"")
         except TimeoutError:
-            if started:
-                return await self._end_stream(send, a, 504, "sent no first byte in time",
-                                              watch, style)  # fmt: skip
-            raise self._timed_out(a, "sent no first byte in time") from None
+            if not started:
+                raise self._timed_out(a, "sent no first byte in time") from None
+            failure = (504, "sent no first byte in time")
         except UpstreamDropped as exc:
-            if started:
-                return await self._end_stream(send, a, 502, f"failed: {exc}", watch, style)
-            raise _PodFailure(
-                GatewayError(502, f"pod '{a.pod.name}' failed: {exc}"), "dropped"
-            ) from None
+            if not started:
+                raise _PodFailure(
+                    GatewayError(502, f"pod '{a.pod.name}' failed: {exc}"), "dropped"
+                ) from None
+            failure = (502, f"failed: {exc}")
+        if failure is not None:  # the client has the status line: no retry now
+            await self._end_stream(send, a, *failure, watch, style)
+            return
         a.ttft_s = time.perf_counter() - a.arrived
         self._router.first_token(a.routed)
         if not started:
@@ -418,9 +421,9 @@ class Proxy:
         watch: DisconnectWatch,
         style: ErrorStyle,
     ) -> None:
-        """A started stream whose pod failed before its first byte: counted against the
-        pod (as a failure before the first byte always is), recorded, and closed with one
-        SSE error event, since the status line has gone out already."""
+        """A stream whose status line has gone out and whose pod then failed (before its
+        first byte with ``stream_headers_early``, or mid-stream): counted against the pod,
+        recorded, and closed with one SSE error event."""
         await self._registry.request_failed(a.pod)
         self._accounting.record(a, status, None)
         watch.stop()
@@ -441,8 +444,7 @@ class Proxy:
         """The rest of a stream, after its first chunk reached the client. A failure now is
         one SSE error event; the client leaving (cancellation) is recorded as 499."""
         tail = bytearray(first[-USAGE_TAIL_BYTES:])
-        status = 200
-        last = b""
+        failure: tuple[int, str] | None = None  # (status, what the pod did)
         try:
             async with asyncio.timeout_at(self._deadline(loop, a, self._s.timeouts.total_s)):
                 with span("kvgate.stream"):
@@ -453,20 +455,17 @@ class Proxy:
                         await send({"type": "http.response.body", "body": chunk,
                                     "more_body": True})  # fmt: skip
         except TimeoutError:
-            status = 504
-            last = sse_error_event(504, f"pod '{a.pod.name}' timed out mid-stream", style)
+            failure = (504, "timed out mid-stream")
         except UpstreamDropped as exc:
-            status = 502
-            last = sse_error_event(502, f"pod '{a.pod.name}' failed mid-stream: {exc}", style)
-        if status == 200:
-            upstream.release()
-            self._registry.request_succeeded(a.pod)
-            self._accounting.record(a, status, usage_from_sse(bytes(tail)))
-        else:
-            await self._registry.request_failed(a.pod)
-            self._accounting.record(a, status, None)
+            failure = (502, f"failed mid-stream: {exc}")
+        if failure is not None:
+            await self._end_stream(send, a, *failure, watch, style)
+            return
+        upstream.release()
+        self._registry.request_succeeded(a.pod)
+        self._accounting.record(a, 200, usage_from_sse(bytes(tail)))
         watch.stop()
-        await send({"type": "http.response.body", "body": last, "more_body": False})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def _upstream_span(self, a: Attempt) -> contextlib.AbstractContextManager[object]:
         """The attempt's client span (the pod's context); a no-op with tracing off. The
