@@ -162,7 +162,8 @@ def _endpoint(spec: str) -> PodEndpoint:
     return PodEndpoint(url.rstrip("/"), kv.get("events"), kv.get("replay"))
 
 
-def _spec(p: PodEndpoint) -> str:
+def pod_spec(p: PodEndpoint) -> str:
+    """``p`` as a `kvgate serve --pod NAME=...` value: its URL, then its event sources."""
     extra = (f",events={p.events}" if p.events else "") + (
         f",replay={p.replay}" if p.replay else ""
     )
@@ -244,7 +245,7 @@ def _router(plan: FleetPlan, router: str, pods: list[PodEndpoint]) -> Iterator[R
             from bench.redis_server import running_redis
 
             redis_url = stack.enter_context(running_redis()).url
-        named = [(f"pod-{i}", _spec(p)) for i, p in enumerate(pods)]
+        named = [(f"pod-{i}", pod_spec(p)) for i, p in enumerate(pods)]
         strategy, variant = split_variant(router)
         env = _gateway_env(plan, redis_url)
         if variant.name:

