@@ -33,6 +33,7 @@ from bench.podstats import (
     FleetStats,
     collect,
     gateway_prediction_error,
+    gateway_ttft_ms,
     routing_decision_ms,
 )
 from bench.profiles import sim_cost_model
@@ -102,6 +103,7 @@ class Cell:
     summary: RunSummary | None = None
     stats: FleetStats | None = None
     decision_ms: float | None = None  # kvgate only: tokenize + lookup + choose
+    gateway_ttft_ms: float | None = None  # kvgate only: its arrival to the pod's first byte
     gateway_prediction_error: float | None = None  # kvgate only: on its own clock
     # Every request's result (``kvgate bench real`` writes them out, one row each).
     results: list[RequestResult] = field(default_factory=list, repr=False)
@@ -298,6 +300,7 @@ def run_cell(plan: FleetPlan, workload: Workload, tier: str, load: Load, router:
                 ]
                 if scaled:
                     cell.decision_ms = routing_decision_ms(routers.urls[0])
+                    cell.gateway_ttft_ms = gateway_ttft_ms(routers.urls[0])
                     cell.gateway_prediction_error = gateway_prediction_error(routers.urls[0])
                     cell.gateway_rss_mib = [rss_mib(pid) for pid in routers.pids]
                     if routers.redis_url:

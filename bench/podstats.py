@@ -176,11 +176,23 @@ def gateway_prediction_error(gateway_url: str) -> float | None:
     return histogram_median(buckets)
 
 
-def routing_decision_ms(gateway_url: str) -> float | None:
-    """Mean time kvgate spent choosing a pod (tokenize + index lookup + strategy)."""
+def _gateway_mean_ms(gateway_url: str, histogram: str) -> float | None:
+    """Mean of one of kvgate's histograms (every label set together), in ms; None when
+    it is empty or the gateway did not answer."""
     try:
         m = parse_metrics(httpx.get(f"{gateway_url}/metrics", timeout=5.0).text)
     except httpx.HTTPError:
         return None
-    count = m.get("kvgate_routing_decision_seconds_count", 0.0)
-    return m.get("kvgate_routing_decision_seconds_sum", 0.0) / count * 1000 if count else None
+    count = m.get(f"{histogram}_count", 0.0)
+    return m.get(f"{histogram}_sum", 0.0) / count * 1000 if count else None
+
+
+def routing_decision_ms(gateway_url: str) -> float | None:
+    """Mean time kvgate spent choosing a pod (tokenize + index lookup + strategy)."""
+    return _gateway_mean_ms(gateway_url, "kvgate_routing_decision_seconds")
+
+
+def gateway_ttft_ms(gateway_url: str) -> float | None:
+    """Mean time from a request's arrival at kvgate to the pod's first body byte there:
+    kvgate's own work before the pod, the trip to it, the pod's server and its engine."""
+    return _gateway_mean_ms(gateway_url, "kvgate_ttft_seconds")

@@ -27,7 +27,7 @@ import os
 import statistics
 import time
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,6 +109,10 @@ class RealCell:
     # is the router's path, the pod's server work outside the engine and the client's.
     ttft_mean_ms: float | None = None
     pod_ttft_mean_ms: float | None = None
+    # kvgate only, from its own histograms: the mean time it took to choose a pod, and
+    # from a request's arrival there to the pod's first byte there.
+    decision_ms: float | None = None
+    gateway_ttft_mean_ms: float | None = None
 
     @property
     def added_ms(self) -> float | None:
@@ -117,6 +121,24 @@ class RealCell:
         if self.ttft_mean_ms is None or self.pod_ttft_mean_ms is None:
             return None
         return self.ttft_mean_ms - self.pod_ttft_mean_ms
+
+    @property
+    def to_pod_ms(self) -> float | None:
+        """kvgate's view of the time to the first byte, less its choice and the pods'
+        own TTFT: its send, the pod's server (rendering, tokenizing) and the byte's way
+        back to the gateway."""
+        gateway, decision, pods = self.gateway_ttft_mean_ms, self.decision_ms, self.pod_ttft_mean_ms
+        if gateway is None or decision is None or pods is None:
+            return None
+        return gateway - decision - pods
+
+    @property
+    def beyond_gateway_ms(self) -> float | None:
+        """The client's mean TTFT beyond kvgate's: the request's way to the gateway, the
+        first token's relay to the client and the client's own work."""
+        if self.ttft_mean_ms is None or self.gateway_ttft_mean_ms is None:
+            return None
+        return self.ttft_mean_ms - self.gateway_ttft_mean_ms
 
 
 @dataclass
@@ -138,6 +160,10 @@ class RouterSummary:
     machine_ms_median: float | None = None  # the machine's speed in its cells (RealCell)
     pod_ttft_median_ms: float | None = None  # the pods' own mean TTFT, median over seeds
     added_median_ms: float | None = None  # client mean TTFT beyond it, median over seeds
+    # kvgate only, medians over seeds of the RealCell split of ``added``.
+    decision_median_ms: float | None = None
+    to_pod_median_ms: float | None = None
+    beyond_gateway_median_ms: float | None = None
 
 
 @dataclass
@@ -299,6 +325,7 @@ def _real_cell(
         rc.prediction_error = s.ttft_prediction_error
         rc.ttft_mean_ms = None if math.isnan(s.ttft_mean_ms) else s.ttft_mean_ms
     rc.gateway_prediction_error = c.gateway_prediction_error
+    rc.decision_ms, rc.gateway_ttft_mean_ms = c.decision_ms, c.gateway_ttft_ms
     return rc
 
 
@@ -448,6 +475,11 @@ def _print_cell(console: Console, c: RealCell) -> None:
 # -- summaries and verdicts ---------------------------------------------------------------
 
 
+def _median(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
 def summarize(cells: Sequence[RealCell]) -> list[RouterSummary]:
     groups: dict[tuple[str, str, str], list[RealCell]] = {}
     for c in cells:
@@ -481,6 +513,9 @@ def summarize(cells: Sequence[RealCell]) -> list[RouterSummary]:
                 statistics.median(machine) if machine else None,
                 statistics.median(pod_ttft) if pod_ttft else None,
                 statistics.median(added) if added else None,
+                _median(c.decision_ms for c in runs),
+                _median(c.to_pod_ms for c in runs),
+                _median(c.beyond_gateway_ms for c in runs),
             )
         )
     return sorted(out, key=_report_order)
@@ -615,6 +650,9 @@ def print_summaries(console: Console, summaries: Sequence[RouterSummary]) -> Non
         "machine ms",
         "pods' TTFT",
         "added",
+        "kvgate: choosing",
+        "to pod",
+        "beyond",
     ):
         table.add_column(col, justify="left" if col in ("workload", "load", "router") else "right")
     for s in summaries:
@@ -635,6 +673,9 @@ def print_summaries(console: Console, summaries: Sequence[RouterSummary]) -> Non
             _ms(s.machine_ms_median),
             _ms(s.pod_ttft_median_ms, 1),
             _ms(s.added_median_ms, 1),
+            _ms(s.decision_median_ms, 1),
+            _ms(s.to_pod_median_ms, 1),
+            _ms(s.beyond_gateway_median_ms, 1),
         )
     console.print(table)
     for v in verdicts(summaries):
@@ -713,19 +754,29 @@ def write_report(
         f"back, the pod's server rendering and tokenizing the prompt and sending the token, "
         f"and the client's own (the same work for every router on a workload, so a "
         f"difference between routers is theirs; a peer's readiness probe, one short "
-        f"request, counts in its pods' mean) (medians over seeds).",
+        f"request, counts in its pods' mean) (medians over seeds). For kvgate, *added* splits "
+        f"three ways by its own histograms: *choosing* (`kvgate_routing_decision_seconds`: "
+        f"tokenizing, the index, the strategy), *to pod* (`kvgate_ttft_seconds`, from the "
+        f"request's arrival at the gateway to the pod's first byte there, less choosing and "
+        f"the pods' TTFT: the send, the pod's server before its engine and the byte's way "
+        f"back) and *beyond* (the client's mean TTFT less `kvgate_ttft_seconds`: the "
+        f"request's way to the gateway, the relay to the client and the client's own) "
+        f"(means per cell, medians over seeds).",
         "",
         "| workload | load | router | seeds | TTFT p90 median ms | p90 worst ms | p50 median ms "
         "| p99 worst ms | cached | busiest pod | TTFT pred. error | kvgate's own pred. error "
-        "| errors | machine ms | pods' TTFT ms | added ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| errors | machine ms | pods' TTFT ms | added ms | kvgate: choosing ms | to pod ms "
+        "| beyond ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *(
             f"| {s.workload} | {s.load} | {s.router} | {s.seeds} | {s.p90_median_ms:.0f} | "
             f"{s.p90_worst_ms:.0f} | {s.p50_median_ms:.0f} | {s.p99_worst_ms:.0f} | "
             f"{s.cached_median:.1%} | "
             f"{s.busiest_pod_share:.0%} | {pct(s.prediction_error)} | "
             f"{pct(s.gateway_prediction_error)} | {s.errors} | {_ms(s.machine_ms_median)} | "
-            f"{_ms(s.pod_ttft_median_ms, 1)} | {_ms(s.added_median_ms, 1)} |"
+            f"{_ms(s.pod_ttft_median_ms, 1)} | {_ms(s.added_median_ms, 1)} | "
+            f"{_ms(s.decision_median_ms, 1)} | {_ms(s.to_pod_median_ms, 1)} | "
+            f"{_ms(s.beyond_gateway_median_ms, 1)} |"
             for s in summaries
         ),
         "",

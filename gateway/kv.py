@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any, Protocol
 
@@ -166,6 +167,7 @@ class KvIndex:
         self, parsed: ParsedRequest, model: str, pods: list[Pod]
     ) -> IndexAnswer | None:
         """Tokenize like the engine, key the blocks, ask the store. None if not possible."""
+        started = time.perf_counter()
         salt = parsed.body.get("cache_salt")
         salt = salt if isinstance(salt, str) and salt else None
         base, lora = lora_of(model, pods)
@@ -183,7 +185,7 @@ class KvIndex:
             await self.peers.settle(keys)  # the siblings' speculations and events, first
         with span("kvgate.index_lookup"):
             match = await self.store.match(keys, self.block_size(base))
-        return IndexAnswer(len(token_ids), keys, match)
+        return IndexAnswer(len(token_ids), keys, match, time.perf_counter() - started)
 
     def speculate(self, pod: str, keys: Sequence[int]) -> None:
         """The routing core's speculation: recorded in the local view before the next

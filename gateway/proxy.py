@@ -221,7 +221,7 @@ class Proxy:
                 routed, admitted = admitted, None
             else:
                 with span("kvgate.choose"):
-                    routed = self._router.route(req, candidates, answer)
+                    routed = self._router.route(req, candidates, answer, retry=bool(tried))
             pod = next(p for p in candidates if p.name == routed.pod)
             tried.add(pod.name)
             attempt = Attempt(pod, routed, arrived, model)

@@ -97,12 +97,16 @@ class Router:
         )
         return req, answer
 
-    def route(self, req: RouteRequest, pods: list[Pod], answer: IndexAnswer | None) -> Routed:
-        """Choose among ``pods``; the chosen pod's load is counted before this returns."""
+    def route(
+        self, req: RouteRequest, pods: list[Pod], answer: IndexAnswer | None, *, retry: bool = False
+    ) -> Routed:
+        """Choose among ``pods``; the chosen pod's load is counted before this returns.
+        ``retry``: the request was routed before (its index answer's time counted then)."""
         started = time.perf_counter()
         candidates = [Candidate(p.name, p.engine) for p in pods]
         routed = self.core.route(req, candidates, answer.match if answer is not None else None)
-        self._counted(routed, time.perf_counter() - started)
+        took_s = time.perf_counter() - started
+        self._counted(routed, took_s if retry else took_s + _lookup_s(answer))
         return routed
 
     def decide(self, req: RouteRequest, pods: list[Pod], answer: IndexAnswer | None) -> Decision:
@@ -115,7 +119,7 @@ class Router:
     ) -> Routed:
         """Act on a ``decide`` that took ``took_s``: the pod's load is counted now."""
         routed = self.core.commit(req, decision, answer.match if answer is not None else None)
-        self._counted(routed, took_s)
+        self._counted(routed, took_s + _lookup_s(answer))
         return routed
 
     def _counted(self, routed: Routed, took_s: float) -> None:
@@ -137,3 +141,7 @@ class Router:
         self._metrics.in_flight.labels(routed.pod).dec()
         if self.on_load_change is not None:
             self.on_load_change(routed.request.model, True)
+
+
+def _lookup_s(answer: IndexAnswer | None) -> float:
+    return answer.lookup_s if answer is not None else 0.0

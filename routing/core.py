@@ -67,6 +67,9 @@ class IndexAnswer:
     prompt_tokens: int  # exact, from the engine-faithful tokenization
     block_keys: Sequence[int]
     match: PrefixMatch
+    # Seconds the answer took (tokenizing, keying, the store's lookup): part of the
+    # request's routing decision, counted in its latency once.
+    lookup_s: float = 0.0
 
 
 @dataclass(slots=True)

@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from bench.podstats import gateway_prediction_error, histogram_median
+from bench.podstats import (
+    gateway_prediction_error,
+    gateway_ttft_ms,
+    histogram_median,
+    routing_decision_ms,
+)
 from bench.real_fleet import RealCell, summarize, verdicts
 
 
@@ -133,7 +138,8 @@ def test_the_machines_speed_is_the_median_over_a_routers_cells_and_is_in_the_rep
 
     write_report(RealPlan(), PrefillFit(0.001, 20_000.0, ()), {}, cells, summaries, tmp_path)
     rows = [r for r in (tmp_path / "report.md").read_text().splitlines() if "| chat |" in r]
-    assert rows[0].endswith("| 1.30 | n/a | n/a |") and rows[1].endswith("| n/a | n/a | n/a |")
+    assert rows[0].endswith("| 1.30 | n/a | n/a | n/a | n/a | n/a |")
+    assert rows[1].endswith("| n/a | n/a | n/a | n/a | n/a | n/a |")
 
 
 def test_the_speed_effect_compares_each_cell_with_its_own_routers_mean():
@@ -200,6 +206,15 @@ def test_kvgates_own_error_is_read_from_its_histogram_over_http():
         h.labels("kv-aware").observe(error)
     body = generate_latest(registry)
 
+    server = _serve_metrics(body)
+    try:
+        error = gateway_prediction_error(f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+    assert error == pytest.approx(0.15)  # rank 2 of 4: the first of the two in (0.1, 0.2]
+
+
+def _serve_metrics(body: bytes) -> ThreadingHTTPServer:
     class Metrics(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             self.send_response(200 if self.path == "/metrics" else 404)
@@ -212,11 +227,35 @@ def test_kvgates_own_error_is_read_from_its_histogram_over_http():
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_kvgates_share_of_the_added_time_is_split_by_its_own_histograms():
+    registry = CollectorRegistry()
+    decision = Histogram("kvgate_routing_decision_seconds", "", ["strategy"], registry=registry)
+    ttft = Histogram("kvgate_ttft_seconds", "", ["model", "pod", "strategy"], registry=registry)
+    for seconds in (0.001, 0.003):
+        decision.labels("kv-aware").observe(seconds)
+    for pod, seconds in (("a", 0.040), ("b", 0.050)):  # every pod's series counts
+        ttft.labels("m", pod, "kv-aware").observe(seconds)
+    server = _serve_metrics(generate_latest(registry))
+    url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        error = gateway_prediction_error(f"http://127.0.0.1:{server.server_address[1]}")
+        assert routing_decision_ms(url) == pytest.approx(2.0)
+        assert gateway_ttft_ms(url) == pytest.approx(45.0)
     finally:
         server.shutdown()
-    assert error == pytest.approx(0.15)  # rank 2 of 4: the first of the two in (0.1, 0.2]
+
+    c = cell("kv-aware", 0, 50)
+    c.ttft_mean_ms, c.pod_ttft_mean_ms, c.decision_ms, c.gateway_ttft_mean_ms = 60, 38, 2, 45
+    assert (c.added_ms, c.to_pod_ms, c.beyond_gateway_ms) == (22, 5, 15)  # 2 + 5 + 15 = 22
+    peer = cell("sglang-router:cache_aware", 0, 50)
+    peer.ttft_mean_ms, peer.pod_ttft_mean_ms = 60, 38
+    assert (peer.to_pod_ms, peer.beyond_gateway_ms) == (None, None)  # no kvgate histograms
+    s = by_router([c, peer])
+    kv = s["kv-aware"]
+    assert (kv.decision_median_ms, kv.to_pod_median_ms, kv.beyond_gateway_median_ms) == (2, 5, 15)
+    assert s["sglang-router:cache_aware"].decision_median_ms is None
 
 
 def test_each_cell_runs_once_unmeasured_before_the_measured_cells(tmp_path, monkeypatch):

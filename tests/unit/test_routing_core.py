@@ -299,3 +299,29 @@ def test_the_prompt_size_estimate_takes_any_prompt_items():
     """Regression (fuzz): /tokenize with prompt [null] raised in the size estimate."""
     parsed = parse_body(b'{"prompt": [null, "ab", [1, 2], 7]}', "tokenize")
     assert parsed.approx_prompt_chars() == 0 + 2 + 8 + 4
+
+
+def test_the_decision_histogram_counts_the_index_answers_time_once_per_request():
+    """``kvgate_routing_decision_seconds`` is tokenizing, keying and the lookup (timed
+    into the ``IndexAnswer``) plus the strategy: the answer's share counts on the
+    request's first routing, not again when a retry routes it elsewhere."""
+    prometheus = CollectorRegistry()
+    core = RoutingCore.from_config("round-robin", {})
+    router = Router(core, GatewayMetrics(prometheus))
+    pods = [Pod(PodConfig(name=n, url=f"http://{n}"), healthy=True, models={MODEL}) for n in PODS]
+    answer = IndexAnswer(100, [1, 2], PrefixMatch.empty(2, BS), lookup_s=0.25)
+    req = RouteRequest(MODEL, "r1")
+
+    def observed() -> float:
+        return prometheus.get_sample_value(
+            "kvgate_routing_decision_seconds_sum", {"strategy": "round-robin"}
+        )
+
+    router.finish(router.route(req, pods, answer), None)
+    first = observed()
+    assert 0.25 <= first < 0.3  # the lookup's quarter second, and a strategy's microseconds
+    router.finish(router.route(req, pods, answer, retry=True), None)
+    assert observed() - first < 0.05  # the retry: the strategy alone
+    decision = router.decide(req, pods, answer)
+    router.finish(router.commit(req, decision, answer, took_s=0.001), None)
+    assert 0.251 <= observed() - first < 0.3  # admission's commit is a first routing
