@@ -46,6 +46,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from bench.machine_speed import SpeedSampler
 from bench.overhead_summary import column_stats, markdown
 from bench.polling import http_status, wait_for
 from bench.ports import free_port
@@ -73,6 +74,9 @@ class RouterResult:
     # ms; what bounds req/s when cores are free (N workers: N cores / this).
     cpu_ms: float = float("nan")
     run: int = 0  # which of ``--runs`` rounds measured it
+    # The machine's speed while it was measured: median CPU ms of bench.machine_speed's
+    # loop (~0.85 at this VM's fast speed, ~1.4 at its slow one; CPU costs follow it).
+    machine_ms: float = float("nan")
 
 
 @dataclass
@@ -302,9 +306,10 @@ async def python_rps(url: str, bodies: Bodies, workload: str, seconds: float,
 
 def measure(
     name: str, pod: str, workload: str, pairs: int, seconds: float, connections: int,
-    prompt_bytes: int, use_wrk: bool, run: int = 0,
+    prompt_bytes: int, use_wrk: bool, run: int = 0, speed: SpeedSampler | None = None,
 ) -> RouterResult:  # fmt: skip
     result = RouterResult(name, workload, run=run)
+    window_start = time.monotonic()
     bodies = Bodies(prompt_bytes, seed=(hash(name) + 7919 * run) & 0xFFFF)  # fresh per run
     with router(name, pod) as url:
         diffs = asyncio.run(paired(pod, url, bodies, workload, pairs, stream=False))
@@ -324,6 +329,8 @@ def measure(
         served = result.rps * (time.perf_counter() - started)
         if pid and served > 0:
             result.cpu_ms = (process_cpu_s(pid) - cpu_before) / served * 1000
+    machine = speed.median_ms(window_start, time.monotonic()) if speed is not None else None
+    result.machine_ms = float("nan") if machine is None else machine
     return result
 
 
@@ -359,7 +366,7 @@ def run_overhead(
     if not use_wrk:
         console.print("[yellow]wrk not found (apt-get install wrk): requests/s are measured "
                       "with a Python client, which limits them")  # fmt: skip
-    with zero_pod() as pod:
+    with zero_pod() as pod, SpeedSampler() as speed:
         base = Bodies(prompt_bytes).base
         if use_wrk:
             direct_rps, _ = wrk_rps(f"{pod}/v1/chat/completions", "varied", seconds,
@@ -379,7 +386,7 @@ def run_overhead(
                 progress.update(task, description=f"run {run + 1}/{runs}: {name} {workload}")
                 try:
                     result = measure(name, pod, workload, pairs, seconds, connections,
-                                     prompt_bytes, use_wrk, run)  # fmt: skip
+                                     prompt_bytes, use_wrk, run, speed)  # fmt: skip
                 except Exception as exc:  # a peer that will not install or start
                     said = str(exc).splitlines() or [type(exc).__name__]  # ReadTimeout: ""
                     result = RouterResult(name, workload, note=said[0][:120], run=run)
@@ -396,12 +403,12 @@ def print_report(report: OverheadReport, console: Console) -> None:
     several = report.runs > 1
     for col in ("run",) * several + ("router", "workload", "added p50 ms", "added p99 ms",
                 "stream TTFT added ms", f"req/s @ {report.connections} conns", "CPU ms/req",
-                "note"):  # fmt: skip
+                "machine ms", "note"):  # fmt: skip
         table.add_column(col, justify="left" if col in ("router", "workload", "note") else "right")
     for r in report.results:
         table.add_row(*(str(r.run + 1),) * several, r.router, r.workload,
                       f"{r.added_p50_ms:+.2f}", f"{r.added_p99_ms:+.2f}",
-                      f"{r.stream_ttft_added_ms:+.2f}", f"{r.rps:,.0f}", _cpu(r),
+                      f"{r.stream_ttft_added_ms:+.2f}", f"{r.rps:,.0f}", _cpu(r), _machine(r),
                       r.note or (f"{r.errors} non-2xx" if r.errors else ""))  # fmt: skip
     console.print(table)
     if several:
@@ -410,6 +417,10 @@ def print_report(report: OverheadReport, console: Console) -> None:
 
 def _cpu(r: RouterResult) -> str:
     return f"{r.cpu_ms:.2f}" if r.cpu_ms == r.cpu_ms else ""
+
+
+def _machine(r: RouterResult) -> str:
+    return f"{r.machine_ms:.2f}" if r.machine_ms == r.machine_ms else ""
 
 
 def _medians(results: list[RouterResult]) -> list[RouterResult]:
@@ -457,14 +468,18 @@ def write_report(report: OverheadReport, out: Path) -> Path:
         f"{report.direct_rps:,.0f} req/s.",
         "",
         "| run | router | workload | added p50 ms | added p99 ms | stream TTFT added ms | "
-        "req/s | CPU ms/req | note |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "req/s | CPU ms/req | machine ms | note |",
+        "|---|---|---|---|---|---|---|---|---|---|",
         *(f"| {r.run + 1} | {r.router} | {r.workload} | {r.added_p50_ms:+.2f} | "
           f"{r.added_p99_ms:+.2f} | {r.stream_ttft_added_ms:+.2f} | {r.rps:,.0f} | {_cpu(r)} | "
-          f"{r.note or (f'{r.errors} non-2xx' if r.errors else '')} |" for r in report.results),
+          f"{_machine(r)} | {r.note or (f'{r.errors} non-2xx' if r.errors else '')} |"
+          for r in report.results),
         "",
         "*CPU ms/req*: kvgate's processes (all workers) per request during the req/s run; "
-        "with N workers on N free cores, req/s can reach about N x 1000 / it.",
+        "with N workers on N free cores, req/s can reach about N x 1000 / it. *machine ms*: "
+        "the median CPU ms of a fixed loop sampled every 0.25 s while the row was measured "
+        "(`bench/machine_speed.py`; this VM runs it in ~0.85 ms at its fast speed and ~1.4 "
+        "at its slow one): every CPU cost above follows it.",
         "",
         "![overhead](overhead.png)",
     ]  # fmt: skip

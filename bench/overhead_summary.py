@@ -10,7 +10,7 @@ worst and in how many runs it was met. The best run is never reported on its own
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import median
 from typing import Protocol
 
@@ -24,6 +24,7 @@ class Result(Protocol):
     stream_ttft_added_ms: float
     rps: float
     cpu_ms: float
+    machine_ms: float
 
 
 # (column, attribute, True: lower is better)
@@ -33,6 +34,7 @@ COLUMNS: tuple[tuple[str, str, bool], ...] = (
     ("stream TTFT added ms", "stream_ttft_added_ms", True),
     ("req/s", "rps", False),
     ("CPU ms/req", "cpu_ms", True),
+    ("machine ms", "machine_ms", True),  # the machine's speed then (slower: higher)
 )
 
 
@@ -146,6 +148,9 @@ TARGETS: tuple[Target, ...] = (
 class TargetOutcome:
     target: Target
     values: list[float]  # one per run that measured it
+    # The machine's speed in each of those runs (the median of its rows' machine ms), to
+    # tell a miss on a slow machine from one on a fast machine.
+    machine_ms: list[float] = field(default_factory=list)
 
     @property
     def median(self) -> float:
@@ -159,15 +164,31 @@ class TargetOutcome:
     def runs_met(self) -> int:
         return sum(self.target.met(v) for v in self.values)
 
+    def machine_when(self, met: bool) -> float | None:
+        """The median machine ms of the runs that met (or missed) the target."""
+        ms = _finite([m for v, m in zip(self.values, self.machine_ms, strict=False)
+                      if self.target.met(v) == met])  # fmt: skip
+        return median(ms) if ms else None
+
 
 def judge(results: Sequence[Result], runs: int) -> list[TargetOutcome]:
     """Every target this report measured, over its runs."""
     out = []
     for target in TARGETS:
-        values = [v for run in range(runs) if (v := target.value(results, run)) is not None]
-        if values:
-            out.append(TargetOutcome(target, values))
+        measured = [
+            (run, v) for run in range(runs) if (v := target.value(results, run)) is not None
+        ]
+        if measured:
+            values = [v for _, v in measured]
+            machine = [run_machine_ms(results, run) for run, _ in measured]
+            out.append(TargetOutcome(target, values, machine))
     return out
+
+
+def run_machine_ms(results: Sequence[Result], run: int) -> float:
+    """The median machine ms over one run's rows (NaN when none was sampled)."""
+    ms = _finite([getattr(r, "machine_ms", float("nan")) for r in results if r.run == run])
+    return median(ms) if ms else float("nan")
 
 
 def _fmt(v: float, attr: str) -> str:
@@ -175,7 +196,7 @@ def _fmt(v: float, attr: str) -> str:
         return ""
     if attr == "rps":
         return f"{v:,.0f}"
-    if attr == "cpu_ms":
+    if attr in ("cpu_ms", "machine_ms"):
         return f"{v:.2f}"
     return f"{v:+.2f}"
 
@@ -202,9 +223,13 @@ def markdown(results: Sequence[Result], runs: int) -> list[str]:
                          + ", ".join(f"{v:.2f}" for v in values) + " |")  # fmt: skip
     outcomes = judge(results, runs)
     if outcomes:
-        lines += ["", "Targets (docs/performance.md):", "",
-                  "| target | median | worst | runs met |", "|---|---|---|---|"]  # fmt: skip
+        lines += ["", "Targets (docs/performance.md); *machine ms*: the median machine ms of "
+                  "the runs that met it / missed it:", "",
+                  "| target | median | worst | runs met | machine ms, met / missed |",
+                  "|---|---|---|---|---|"]  # fmt: skip
         for o in outcomes:
+            when = " / ".join(f"{m:.2f}" if m is not None else "-"
+                              for m in (o.machine_when(True), o.machine_when(False)))  # fmt: skip
             lines.append(f"| {o.target.name} | {o.median:,.2f} | {o.worst:,.2f} | "
-                         f"{o.runs_met} of {len(o.values)} |")  # fmt: skip
+                         f"{o.runs_met} of {len(o.values)} | {when} |")  # fmt: skip
     return lines

@@ -52,4 +52,22 @@ def test_targets_report_median_worst_and_runs_met():
     assert p50.median == 0.7 and p50.worst == 1.1 and p50.runs_met == 2
     assert "round-robin: >= 3,000 req/s" not in outcomes  # not measured: not judged
     text = "\n".join(markdown(results, 3))
-    assert "| kv-aware, multi-turn: added p50 <= 1 ms | 0.70 | 1.10 | 2 of 3 |" in text
+    assert "| kv-aware, multi-turn: added p50 <= 1 ms | 0.70 | 1.10 | 2 of 3 | - / - |" in text
+
+
+def test_a_targets_runs_are_told_apart_by_the_machines_speed_in_them():
+    results = []
+    for run, (rps, machine) in enumerate([(1600.0, 0.9), (1400.0, 1.4), (1550.0, 1.0)]):
+        results += [
+            _r("kvgate:kv-aware", "multi-turn", run, rps=rps, machine_ms=machine),
+            _r("kvgate:kv-aware", "varied", run, machine_ms=machine + 0.1),  # the run's other row
+        ]
+    (outcome,) = [o for o in judge(results, runs=3) if "1,500 req/s" in o.target.name]
+    assert outcome.machine_ms == [0.95, 1.45, 1.05]  # each run's median over its rows
+    assert (outcome.machine_when(True), outcome.machine_when(False)) == (1.0, 1.45)
+    text = "\n".join(markdown(results, 3))
+    assert (
+        "| kv-aware, multi-turn: >= 1,500 req/s | 1,550.00 | 1,400.00 | 2 of 3 | 1.00 / 1.45 |"
+        in text
+    )
+    assert "| kvgate:kv-aware | multi-turn |" in text and "| 1.00 (1.40) |" in text  # its column
