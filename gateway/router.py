@@ -41,6 +41,10 @@ class Router:
         # Told (model, released) when a request's load drops: its prefill ended (False)
         # or it finished (True). Admission control wakes its waiters on it.
         self.on_load_change: Callable[[str, bool], None] | None = None
+        # With sibling workers (``gateway.siblings``): called before a request is routed
+        # (to apply what they told since) and with every decision (to tell them).
+        self.before_route: Callable[[], object] | None = None
+        self.on_routed: Callable[[Routed], None] | None = None
 
     def set_session_source(self, header: str, body_field: str) -> None:
         """Where the session strategy finds a request's session: this header, else this
@@ -64,6 +68,8 @@ class Router:
         pods: list[Pod],
     ) -> tuple[RouteRequest, IndexAnswer | None]:
         """Build what the model's strategy needs, and only that (tokens cost time)."""
+        if self.before_route is not None:
+            self.before_route()
         answer = None
         cache_routed = parsed.kind in CACHE_ROUTED
         if cache_routed and self._kv is not None and self.core.needs_index(model):
@@ -127,6 +133,8 @@ class Router:
         self._metrics.decision_latency.labels(name).observe(took_s)
         self._metrics.decisions.labels(name, routed.decision.reason).inc()
         self._metrics.in_flight.labels(routed.pod).inc()
+        if self.on_routed is not None:
+            self.on_routed(routed)
 
     def first_token(self, routed: Routed) -> None:
         self.core.first_token(routed)

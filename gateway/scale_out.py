@@ -92,7 +92,7 @@ def scale_out(
         out.siblings = Siblings(
             worker.bus.endpoint(worker.index), kv, registry,
             share_speculation=not shared_index,
-            speculative_ttl_s=settings.index.speculative_ttl_s,
+            speculative_ttl_s=settings.index.speculative_ttl_s, core=core,
         )  # fmt: skip
         kv.peers = out.siblings
         if worker.publishes_fleet_load:

@@ -166,6 +166,8 @@ async def running_gateway(
         registry.on_remove(core.load.forget)
         registry.on_remove(metrics.forget_pod)
         router = Router(core, metrics, kv, settings.session_header, settings.session_body_field)
+        if scale.siblings is not None:
+            router.before_route, router.on_routed = scale.siblings.drain, scale.siblings.routed
         admission = None
         if settings.admission.enabled:
             admission = Admission(settings.admission, settings.models, router,

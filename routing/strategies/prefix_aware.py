@@ -15,6 +15,10 @@ The chosen pod is recorded for every hash at choose time, speculatively: a burst
 identical prompts then follows the first one instead of each guessing anew. Hashes are
 recorded deepest first, so a prefix is always more recently used than its extensions
 and LRU eviction trims prompts from the tail, keeping the forward walk valid.
+
+What one process chose, others can ``learn``: the worker processes of one gateway
+(``kvgate serve --workers N``) tell each other every choice (``gateway.siblings``),
+so a conversation whose turns the kernel spreads over them stays on one pod.
 """
 
 from __future__ import annotations
@@ -116,6 +120,12 @@ class PrefixAware(Strategy):
             for pod in alive:
                 depths[pod] = i + 1
         return depths
+
+    def learn(self, hashes: Sequence[int], pod: str) -> None:
+        """Remember that another process sent the prompt of ``hashes`` to ``pod``, as if
+        this one had."""
+        if hashes:
+            self._record(hashes, pod)
 
     def _record(self, hashes: Sequence[int], pod: str) -> None:
         holders_map = self._holders

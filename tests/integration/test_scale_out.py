@@ -80,6 +80,40 @@ def test_two_workers_agree_on_where_a_cached_prefix_is(fleet, system_prompt):
     assert {(pod, cached >= 864) for _, pod, cached in answers} == {(holder, True)}
 
 
+def _all_idle(gw) -> bool:
+    lines = [line for line in httpx.get(f"{gw}/metrics").text.splitlines()
+             if line.startswith("kvgate_pod_in_flight_requests{")]  # fmt: skip
+    return bool(lines) and all(line.endswith(" 0.0") for line in lines)
+
+
+def test_two_workers_send_a_prefix_aware_conversation_to_one_pod(fleet, system_prompt):
+    """prefix-aware remembers in each process where it sent a prompt; the workers tell
+    each other, so the turns the kernel spreads over them follow the first one, also
+    where the other worker, choosing alone, would pick another pod (the least loaded,
+    by name, when both are idle)."""
+    hold = {"model": MODEL, "messages": [{"role": "user", "content": "hold"}],
+            "max_tokens": 3000, "stream": True}  # fmt: skip
+    with run_gateway([(p.name, _spec(p)) for p in fleet], strategy="prefix-aware", env=_env(),
+                     workers=2) as gw:  # fmt: skip
+        # A long answer keeps the first pod by name busy, so the first turn goes to the other.
+        with (
+            httpx.Client(timeout=30) as client,
+            client.stream("POST", f"{gw}/v1/chat/completions", json=hold) as held,
+        ):
+            busy = held.headers["x-kvgate-pod"]
+            first = _chat(gw, system_prompt, "first").headers["x-kvgate-pod"]
+        wait_for(lambda: _all_idle(gw), 10, what="the held request to end")
+
+        answers = []
+        for i in range(16):  # new connections: the kernel spreads them over both workers
+            r = _chat(gw, system_prompt, f"question {i}")
+            answers.append((r.headers["x-kvgate-worker"], r.headers["x-kvgate-pod"]))
+
+    assert busy == fleet[0].name and first == fleet[1].name
+    assert {worker for worker, _ in answers} == {"0", "1"}
+    assert {pod for _, pod in answers} == {first}
+
+
 def test_events_posted_to_one_worker_reach_every_worker(fleet):
     pods = [(p.name, _spec(p, events=False)) for p in fleet]  # no ZMQ: HTTP events only
     tokens = list(range(1000, 1000 + 3 * BLOCK + 5))

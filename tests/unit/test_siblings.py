@@ -20,18 +20,25 @@ from gateway.siblings import (
     EventsWrittenElsewhere,
     Siblings,
     decode_events,
+    decode_prefix_routed,
     decode_speculation,
     encode_events,
+    encode_prefix_routed,
     encode_speculation,
 )
 from kvindex.store import Stored
 from kvindex.types import PodPrefix, Tier
+from routing.core import Candidate, RoutingCore
+from routing.types import Reason
 
 KEYS = [0xAB00 + i for i in range(8)]
 
 
 def test_messages_round_trip():
     assert decode_speculation(encode_speculation("pod-é", KEYS, 12.5)) == ("pod-é", KEYS, 12.5)
+    hashes = [2**64 - 1, 0, 7]
+    assert decode_prefix_routed(encode_prefix_routed("m/é", "pod-1", hashes)) == (
+        "m/é", "pod-1", hashes)  # fmt: skip
     body = b"[1.0, [], null]"
     assert decode_events(encode_events("p", body, "application/json")) == (
         "p", body, "application/json")  # fmt: skip
@@ -155,3 +162,41 @@ async def test_a_worker_that_does_not_write_events_still_writes_speculation():
     await store.drop_pod("p")
     await store.speculate("p", KEYS, 1.0)
     assert inner.calls == ["speculate"]
+
+
+async def test_a_prefix_aware_choice_of_one_worker_is_the_others_choice_too():
+    """Each worker's prefix-aware strategy remembers what it chose; a sibling's choices
+    reach it over the bus, so the second turn of a conversation goes where the first
+    went whichever worker the kernel gave it to."""
+    bus = HostBus(workers=2, ring_bytes=64 * 1024)
+    settings = Settings(pods=[PodConfig(name="p", url="http://127.0.0.1:9", models=["m"])])
+    pods = [Candidate(f"pod-{i}") for i in range(4)]
+    cores, sibs = [], []
+    async with httpx.AsyncClient() as client:
+        for i in range(2):
+            prom = CollectorRegistry()
+            kv = KvIndex(settings, prom, client)
+            registry = PodRegistry(settings.pods, client, settings.health, GatewayMetrics(prom))
+            core = RoutingCore.from_config("prefix-aware", {})
+            sibs.append(Siblings(bus.endpoint(i), kv, registry, share_speculation=True,
+                                 speculative_ttl_s=3.0, core=core))  # fmt: skip
+            cores.append(core)
+        first_turn, second_turn = [11, 12, 13], [11, 12, 13, 14]
+
+        def route(worker: int, hashes: list[int]):
+            sibs[worker].drain()
+            routed = cores[worker].route(cores[worker].request("m", prefix_hashes=lambda: hashes),
+                                         pods, None)  # fmt: skip
+            sibs[worker].routed(routed)
+            cores[worker].finish(routed, None)
+            return routed
+
+        # Worker 0 takes the first turn to a pod other than where worker 1's empty
+        # memory would send it (its least loaded, in order: pod-0), ...
+        for busy in range(3):  # worker 0's own requests on pod-0..2 make pod-3 its choice
+            cores[0].load.start(f"pod-{busy}", 0)
+        chosen = route(0, first_turn).pod
+        assert chosen == "pod-3"
+        # ... and worker 1 sends the second turn there, as a cache hit.
+        second = route(1, second_turn)
+        assert (second.pod, second.decision.reason) == ("pod-3", Reason.CACHE_HIT)
