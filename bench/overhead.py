@@ -70,8 +70,8 @@ class RouterResult:
     rps: float = float("nan")
     errors: int = 0
     note: str = ""
-    # kvgate only: CPU seconds its processes (all workers) spent per request under wrk, in
-    # ms; what bounds req/s when cores are free (N workers: N cores / this).
+    # CPU seconds the router's process (kvgate: all its workers) spent per request under
+    # wrk, in ms; what bounds req/s when cores are free (N workers: N cores / this).
     cpu_ms: float = float("nan")
     run: int = 0  # which of ``--runs`` rounds measured it
     # The machine's speed while it was measured: median CPU ms of bench.machine_speed's
@@ -317,7 +317,7 @@ def measure(
         ttft = asyncio.run(paired(pod, url, bodies, workload, pairs // 2, stream=True))
         result.stream_ttft_added_ms = percentile(ttft, 50)
         target = f"{url}/v1/chat/completions"
-        pid = getattr(url, "pid", 0)  # kvgate's (GatewayURL); peers' are not ours to read
+        pid = getattr(url, "pid", 0)  # kvgate's (GatewayURL) or a peer's (PeerURL)
         cpu_before, started = process_cpu_s(pid), time.perf_counter()
         if use_wrk:
             result.rps, result.errors = wrk_rps(target, workload, seconds, connections,
@@ -475,7 +475,8 @@ def write_report(report: OverheadReport, out: Path) -> Path:
           f"{_machine(r)} | {r.note or (f'{r.errors} non-2xx' if r.errors else '')} |"
           for r in report.results),
         "",
-        "*CPU ms/req*: kvgate's processes (all workers) per request during the req/s run; "
+        "*CPU ms/req*: the router's process (kvgate: all its workers) per request during the "
+        "req/s run; "
         "with N workers on N free cores, req/s can reach about N x 1000 / it. *machine ms*: "
         "the median CPU ms of a fixed loop sampled every 0.25 s while the row was measured "
         "(`bench/machine_speed.py`; this VM runs it in ~0.85 ms at its fast speed and ~1.4 "
