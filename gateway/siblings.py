@@ -1,7 +1,7 @@
 """A worker's side of what the workers of one host tell each other (``--workers N``).
 
 Every worker follows every pod's ZMQ events itself, so their indexes agree without
-help. Two things reach one worker only and go on its ring of the host bus
+help. What reaches one worker only goes on its ring of the host bus
 (``gateway.host_bus``) for the others:
 
 * the speculative L0 entries of its dispatches (memory index only: with Redis they
