@@ -408,19 +408,17 @@ def print_report(report: OverheadReport, console: Console) -> None:
     for r in report.results:
         table.add_row(*(str(r.run + 1),) * several, r.router, r.workload,
                       f"{r.added_p50_ms:+.2f}", f"{r.added_p99_ms:+.2f}",
-                      f"{r.stream_ttft_added_ms:+.2f}", f"{r.rps:,.0f}", _cpu(r), _machine(r),
+                      f"{r.stream_ttft_added_ms:+.2f}", f"{r.rps:,.0f}", _ms(r.cpu_ms),
+                      _ms(r.machine_ms),
                       r.note or (f"{r.errors} non-2xx" if r.errors else ""))  # fmt: skip
     console.print(table)
     if several:
         console.print("\n".join(markdown(report.results, report.runs)), markup=False)
 
 
-def _cpu(r: RouterResult) -> str:
-    return f"{r.cpu_ms:.2f}" if r.cpu_ms == r.cpu_ms else ""
-
-
-def _machine(r: RouterResult) -> str:
-    return f"{r.machine_ms:.2f}" if r.machine_ms == r.machine_ms else ""
+def _ms(value: float) -> str:
+    """A ms column that may be unmeasured (NaN): empty then."""
+    return f"{value:.2f}" if value == value else ""
 
 
 def _medians(results: list[RouterResult]) -> list[RouterResult]:
@@ -471,8 +469,9 @@ def write_report(report: OverheadReport, out: Path) -> Path:
         "req/s | CPU ms/req | machine ms | note |",
         "|---|---|---|---|---|---|---|---|---|---|",
         *(f"| {r.run + 1} | {r.router} | {r.workload} | {r.added_p50_ms:+.2f} | "
-          f"{r.added_p99_ms:+.2f} | {r.stream_ttft_added_ms:+.2f} | {r.rps:,.0f} | {_cpu(r)} | "
-          f"{_machine(r)} | {r.note or (f'{r.errors} non-2xx' if r.errors else '')} |"
+          f"{r.added_p99_ms:+.2f} | {r.stream_ttft_added_ms:+.2f} | {r.rps:,.0f} | "
+          f"{_ms(r.cpu_ms)} | {_ms(r.machine_ms)} | "
+          f"{r.note or (f'{r.errors} non-2xx' if r.errors else '')} |"
           for r in report.results),
         "",
         "*CPU ms/req*: the router's process (kvgate: all its workers) per request during the "

@@ -187,7 +187,7 @@ def judge(results: Sequence[Result], runs: int) -> list[TargetOutcome]:
 
 def run_machine_ms(results: Sequence[Result], run: int) -> float:
     """The median machine ms over one run's rows (NaN when none was sampled)."""
-    ms = _finite([getattr(r, "machine_ms", float("nan")) for r in results if r.run == run])
+    ms = _finite([r.machine_ms for r in results if r.run == run])
     return median(ms) if ms else float("nan")
 
 

@@ -488,12 +488,7 @@ def summarize(cells: Sequence[RealCell]) -> list[RouterSummary]:
     out = []
     for (workload, load, router), runs in groups.items():
         p90 = [c.p90_ms for c in runs if c.p90_ms is not None]
-        errors = [c.prediction_error for c in runs if c.prediction_error is not None]
-        own = [c.gateway_prediction_error for c in runs if c.gateway_prediction_error is not None]
         shares = [max(c.per_pod) / sum(c.per_pod) for c in runs if c.per_pod and sum(c.per_pod)]
-        machine = [c.machine_ms for c in runs if c.machine_ms is not None]
-        pod_ttft = [c.pod_ttft_mean_ms for c in runs if c.pod_ttft_mean_ms is not None]
-        added = [c.added_ms for c in runs if c.added_ms is not None]
         out.append(
             RouterSummary(
                 workload,
@@ -507,12 +502,12 @@ def summarize(cells: Sequence[RealCell]) -> list[RouterSummary]:
                 max((c.p99_ms for c in runs if c.p99_ms is not None), default=float("nan")),
                 statistics.median(c.cached for c in runs if c.cached is not None),
                 statistics.median(shares) if shares else float("nan"),
-                statistics.median(errors) if errors else None,
+                _median(c.prediction_error for c in runs),
                 sum(c.errors for c in runs),
-                statistics.median(own) if own else None,
-                statistics.median(machine) if machine else None,
-                statistics.median(pod_ttft) if pod_ttft else None,
-                statistics.median(added) if added else None,
+                _median(c.gateway_prediction_error for c in runs),
+                _median(c.machine_ms for c in runs),
+                _median(c.pod_ttft_mean_ms for c in runs),
+                _median(c.added_ms for c in runs),
                 _median(c.decision_ms for c in runs),
                 _median(c.to_pod_ms for c in runs),
                 _median(c.beyond_gateway_ms for c in runs),

@@ -382,11 +382,11 @@ class Proxy:
     ) -> None:
         loop = asyncio.get_running_loop()
         chunks = upstream.chunks().__aiter__()
+        start = {"type": "http.response.start", "status": 200, "headers": out + _STREAM_HEADERS}
         started = self._s.stream_headers_early
         failure: tuple[int, str] | None = None  # (status, what the pod did)
         if started:
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": out + _STREAM_HEADERS})  # fmt: skip
+            await send(start)
         try:
             async with asyncio.timeout_at(first_byte_by):
                 with span("kvgate.first_byte"):
@@ -407,8 +407,7 @@ class Proxy:
         a.ttft_s = time.perf_counter() - a.arrived
         self._router.first_token(a.routed)
         if not started:
-            await send({"type": "http.response.start", "status": 200,
-                        "headers": out + _STREAM_HEADERS})  # fmt: skip
+            await send(start)
         await send({"type": "http.response.body", "body": first, "more_body": True})
         await self._relay(send, chunks, upstream, a, first, loop, watch, style)
 
