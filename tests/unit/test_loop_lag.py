@@ -31,7 +31,7 @@ async def test_a_loop_blocked_for_80_ms_is_seen_as_lag_of_at_least_that() -> Non
     samples = _samples(registry)
     count = samples["kvgate_event_loop_lag_seconds_count"]
     at_most_50ms = samples["kvgate_event_loop_lag_seconds_bucket{le=0.05}"]
-    assert count >= 4
+    assert count >= 2  # one before the block at least (~5 on an idle box), and its victim
     assert count - at_most_50ms >= 1  # the sample the blocked loop delayed
     assert samples["kvgate_event_loop_lag_seconds_sum"] >= 0.07
 
@@ -47,5 +47,7 @@ async def test_the_monitor_samples_once_per_interval_and_stops() -> None:
     stopped_at = _samples(registry)["kvgate_event_loop_lag_seconds_count"]
     await asyncio.sleep(0.05)
 
-    assert 6 <= stopped_at <= 11
+    # ~10 intervals: never more than one sample each; fewer when a busy CI box delays
+    # the loop's timers, but more than a couple (it keeps sampling until stopped)
+    assert 3 <= stopped_at <= 11
     assert _samples(registry)["kvgate_event_loop_lag_seconds_count"] == stopped_at
