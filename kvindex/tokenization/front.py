@@ -220,11 +220,7 @@ class Tokenization:
         chars = plan.missing_chars
         self.stats.encoded_chars += chars
         if self.offload.inline(chars):
-            # CPU time, as the thread measures it: wall time would count the loop being
-            # preempted (a busy host), and the estimate would rise with load, not text.
-            started = time.thread_time()
-            encoded = inc.encode(plan)
-            seconds = time.thread_time() - started
+            encoded, seconds = _encode_timed(inc, plan)
         else:
             self.stats.offloaded += 1
             encoded, seconds = await asyncio.to_thread(_encode_timed, inc, plan)
@@ -250,8 +246,9 @@ class Tokenization:
 
 
 def _encode_timed(inc: IncrementalEncoder, plan: Plan) -> tuple[list[list[int]], float]:
-    """``inc.encode(plan)`` in a worker thread, with the thread's CPU time for it (its
-    wall time would also count waiting for the GIL)."""
+    """``inc.encode(plan)`` with the calling thread's CPU time for it, on the loop or in a
+    worker thread alike: wall time would also count waiting for the GIL, or the loop
+    being preempted on a busy host, and the estimate would follow the load, not the text."""
     started = time.thread_time()
     encoded = inc.encode(plan)
     return encoded, time.thread_time() - started
