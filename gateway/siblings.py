@@ -72,12 +72,21 @@ MAX_PENDING_BYTES = 4 << 20
 _SPEC_HEAD = struct.Struct("<dH")  # deadline (monotonic s), pod name length
 _EVENTS_HEAD = struct.Struct("<HH")  # pod name length, content type length
 _ROUTED_HEAD = struct.Struct("<HH")  # model name length, pod name length
-_KEY = struct.Struct("=Q")  # a key as encode_speculation packs it
+_KEY = struct.Struct("=Q")  # a key as _pack_keys packs it
+
+
+def _pack_keys(keys: Sequence[int]) -> bytes:
+    """Keys (or chunk hashes) as a message's tail: native 8-byte words, one host."""
+    return struct.pack(f"={len(keys)}Q", *keys)
+
+
+def _unpack_keys(tail: bytes) -> list[int]:
+    return memoryview(tail).cast("Q").tolist()
 
 
 def encode_speculation(pod: str, keys: Sequence[int], deadline: float) -> bytes:
     name = pod.encode()
-    return _SPEC_HEAD.pack(deadline, len(name)) + name + struct.pack(f"={len(keys)}Q", *keys)
+    return _SPEC_HEAD.pack(deadline, len(name)) + name + _pack_keys(keys)
 
 
 def speculation_head(payload: bytes) -> int | None:
@@ -93,20 +102,20 @@ def decode_speculation(payload: bytes) -> tuple[str, list[int], float]:
     deadline, n = _SPEC_HEAD.unpack_from(payload)
     at = _SPEC_HEAD.size
     pod = payload[at : at + n].decode()
-    keys = memoryview(payload[at + n :]).cast("Q").tolist()
+    keys = _unpack_keys(payload[at + n :])
     return pod, keys, deadline
 
 
 def encode_prefix_routed(model: str, pod: str, hashes: Sequence[int]) -> bytes:
     m, p = model.encode(), pod.encode()
-    return _ROUTED_HEAD.pack(len(m), len(p)) + m + p + struct.pack(f"={len(hashes)}Q", *hashes)
+    return _ROUTED_HEAD.pack(len(m), len(p)) + m + p + _pack_keys(hashes)
 
 
 def decode_prefix_routed(payload: bytes) -> tuple[str, str, list[int]]:
     m, p = _ROUTED_HEAD.unpack_from(payload)
     at = _ROUTED_HEAD.size
     model, pod = payload[at : at + m].decode(), payload[at + m : at + m + p].decode()
-    return model, pod, memoryview(payload[at + m + p :]).cast("Q").tolist()
+    return model, pod, _unpack_keys(payload[at + m + p :])
 
 
 def encode_events(pod: str, body: bytes, content_type: str) -> bytes:
