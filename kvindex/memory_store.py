@@ -193,7 +193,8 @@ class MemoryStore:
             return  # confirmed entries never expire
         new = (state[0], state[1], state[2], spec_with(state[3], slot, deadline))
         entries.update(zip(keys, repeat(new)))  # present keys keep their place
-        self._pod_keys[slot].update(zip(keys, repeat(None)))
+        if not (state[1] | spec_slots(state[3])) >> slot & 1:  # else its key set has them
+            self._pod_keys[slot].update(zip(keys, repeat(None)))
 
     def _speculate_keys(self, keys: Sequence[int], slot: int, deadline: float) -> None:
         bit = 1 << slot
