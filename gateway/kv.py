@@ -309,6 +309,7 @@ class KvIndex:
         out.update(self.tokens.bounds())
         for model, keyer in self._keyers.items():
             out[f"keyer_roots[{model}]"] = keyer.bound()
+            out[f"keyer_heads[{model}]"] = keyer.heads_bound()
         pending = Bound(len(self._pending), MAX_PENDING_SPECULATIONS, "writes", 2_000)
         out["speculations_pending"] = pending
         return out

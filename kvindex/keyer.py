@@ -34,6 +34,10 @@ _LE_U64 = struct.Struct("<Q")
 _ROOT_TAG = b"kvgate-v1"
 _ROOT_CACHE_CAPACITY = 1024  # distinct (lora, salt) pairs remembered per keyer
 ROOT_BYTES = 250  # a (lora, salt) key tuple with short strings, its root and LRU node
+# Prompts' heads are remembered in whole groups of GROUP_BLOCKS blocks (``BlockKeyer``).
+GROUP_BLOCKS = 16
+HEAD_KEYS = 1 << 16  # keys of remembered heads per keyer: ~650 prompts of 100 blocks
+HEAD_KEY_BYTES = 50  # a key in a remembered head, its share of the entry (tracemalloc)
 MASK64 = (1 << 64) - 1
 
 
@@ -76,6 +80,16 @@ class BlockKeyer:
 
     ``BlockKeyer(model, block_size, lora_name, cache_salt)`` fixes the default root;
     ``keys_for`` takes another LoRA/salt per call (roots are cached, bounded).
+
+    A conversation's next turn, or another question on a RAG document, repeats a
+    prompt's leading blocks, and keying them again is a Python step per block (~0.3
+    µs, ~30 µs for a 100-block prompt). So each prompt's keys up to its last whole
+    group of ``GROUP_BLOCKS`` blocks (its *head*) are remembered under a 128-bit digest
+    of the root and those tokens. A prompt's digests at every group end come from one
+    streaming xxh3 pass (C); the longest one remembered gives its first keys, and only
+    the blocks after them are keyed. One entry per prompt, not per group, keeps a new
+    prompt's cost to that pass and one insert. The digest covers everything a key
+    depends on, so remembered keys are the keys (``tests/unit/test_keyer.py``).
     """
 
     def __init__(
@@ -84,6 +98,7 @@ class BlockKeyer:
         block_size: int,
         lora_name: str | None = None,
         cache_salt: str | None = None,
+        head_keys: int = HEAD_KEYS,
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
@@ -94,6 +109,8 @@ class BlockKeyer:
         self._roots: BoundedLRU[tuple[str | None, str | None], int] = BoundedLRU(
             _ROOT_CACHE_CAPACITY
         )
+        # digest of a root and tokens -> the keys of those tokens (whole groups)
+        self._heads: BoundedLRU[int, tuple[int, ...]] = BoundedLRU(head_keys, weigh=len)
         self.root = self.root_for(lora_name, cache_salt)
 
     def root_for(self, lora_name: str | None, cache_salt: str | None) -> int:
@@ -107,6 +124,9 @@ class BlockKeyer:
 
     def bound(self) -> Bound:
         return Bound(len(self._roots), _ROOT_CACHE_CAPACITY, "roots", ROOT_BYTES)
+
+    def heads_bound(self) -> Bound:
+        return Bound(self._heads.size, self._heads.capacity, "keys", HEAD_KEY_BYTES)
 
     def keys(self, token_ids: Sequence[int]) -> list[int]:
         """Keys of every full block of ``token_ids`` under the default root."""
@@ -124,4 +144,32 @@ class BlockKeyer:
         if n_blocks == 0:
             return []
         packed = pack_tokens(token_ids[: n_blocks * self.block_size])
-        return chain_packed(parent, packed, self.block_size, n_blocks)
+        if n_blocks < GROUP_BLOCKS:
+            return chain_packed(parent, packed, self.block_size, n_blocks)
+        return self._chain_grouped(parent, packed, n_blocks)
+
+    def _chain_grouped(self, parent: int, packed: bytes, n_blocks: int) -> list[int]:
+        """``chain`` from the longest remembered head (see the class docstring)."""
+        size = 4 * self.block_size * GROUP_BLOCKS
+        full = n_blocks // GROUP_BLOCKS
+        view = memoryview(packed)
+        digest = xxhash.xxh3_128(_LE_U64.pack(parent))
+        ends: list[int] = []  # digest of the root and the tokens up to each group's end
+        for g in range(full):
+            digest.update(view[g * size : (g + 1) * size])
+            ends.append(digest.intdigest())
+        heads = self._heads
+        head: tuple[int, ...] = ()
+        for end in reversed(ends):
+            if heads.get(end) is not None:  # a miss costs a C call, not an exception
+                head = heads.touch(end) or ()
+                break
+        keys = list(head)
+        at = len(keys)
+        if at < n_blocks:
+            parent = keys[-1] if keys else parent
+            keys += chain_packed(parent, packed[at * 4 * self.block_size :], self.block_size,
+                                 n_blocks - at)  # fmt: skip
+        if at < full * GROUP_BLOCKS:
+            self._heads.put(ends[-1], tuple(keys[: full * GROUP_BLOCKS]))
+        return keys

@@ -107,3 +107,56 @@ def test_a_32k_token_prompt_is_keyed_by_the_definition_to_its_last_block():
     keys = keyer.keys(array("I", tokens))
     assert len(keys) == 2048
     assert keys == keyer.keys(tokens) == reference_keys("m", 16, tokens)
+
+
+# -- remembered groups of keys ------------------------------------------------------------
+
+
+def _prompts_sharing_prefixes(rng, n=60):
+    """Prompts that extend, share a head with, or differ from earlier ones."""
+    prompts = [[rng.randrange(50_000) for _ in range(rng.randrange(0, 1200))]]
+    for _ in range(n):
+        base = rng.choice(prompts)
+        cut = rng.randrange(len(base) + 1)
+        tail = [rng.randrange(50_000) for _ in range(rng.randrange(0, 700))]
+        prompts.append(base[:cut] + tail)
+    return prompts
+
+
+@pytest.mark.parametrize("capacity", [1, 40, 1 << 16])
+def test_keys_through_remembered_groups_are_the_keys(capacity):
+    """Prompts sharing heads of every length (group ends, block ends, mid-block), under
+    several roots, with room for no remembered head, for two groups, or plenty."""
+    import random
+
+    rng = random.Random(capacity)
+    keyer = BlockKeyer("m", 16, head_keys=capacity)
+    for tokens in _prompts_sharing_prefixes(rng):
+        lora, salt = rng.choice([(None, None), ("ad", None), (None, "s")])
+        got = keyer.keys_for(array("I", tokens), lora, salt)
+        assert got == reference_keys("m", 16, tokens, lora, salt)
+    assert keyer.heads_bound().size <= capacity
+
+
+def test_a_repeated_head_is_not_keyed_again(monkeypatch):
+    """The next turn of a conversation keys only the blocks after its last full group
+    the keyer has seen; a new root (another salt) shares nothing."""
+    import kvindex.keyer as keyer_module
+
+    keyed: list[int] = []
+    real = keyer_module.chain_packed
+
+    def counting(parent, packed, block_size, n_blocks):
+        keyed.append(n_blocks)
+        return real(parent, packed, block_size, n_blocks)
+
+    monkeypatch.setattr(keyer_module, "chain_packed", counting)
+    keyer = BlockKeyer("m", 4)
+    turn1 = list(range(4 * 40 + 3))  # 40 blocks: groups 0-1 (32 blocks) and 8 more
+    turn2 = turn1 + list(range(900, 900 + 4 * 30))  # 70 blocks
+    assert keyer.keys(turn1) == reference_keys("m", 4, turn1)
+    assert keyed == [40]
+    assert keyer.keys(turn2) == reference_keys("m", 4, turn2)
+    assert keyed[1:] == [70 - 32]  # from the end of the groups turn 1 left
+    assert keyer.keys_for(turn2, None, "other") == reference_keys("m", 4, turn2, salt="other")
+    assert keyed[2:] == [70]
