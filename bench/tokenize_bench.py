@@ -7,7 +7,8 @@ Three tables, on the tiny model's tokenizer (byte-level BPE, ChatML template):
   rendering a conversation of ``tokens`` tokens in 40 messages, encoding it whole
   (the transformers call vLLM's renderer makes), and through the segment cache when
   it is new, repeated, one turn longer, and a document of ``tokens`` tokens under a
-  new question;
+  new question; then the block keys of that document's prompt, with nothing known
+  and with its head known from an earlier question (``BlockKeyer``);
 * **GIL**: the event loop's worst lag while a thread encodes the long prompt with
   ``Tokenizer.encode``, ``encode_batch``, the transformers call, and the segmented
   encoder: which of them let the loop run;
@@ -43,9 +44,11 @@ from tokenizers import Tokenizer
 
 from bench.prompts import text_of_tokens
 from bench.tinymodel import ensure_tokenizer
+from kvindex.keyer import BlockKeyer
 from kvindex.tokenization import ChatPrompt, LocalTokenizer, Tokenization
 from kvindex.tokenization.segments import Segmenter
 
+KEY_BLOCK = 16  # vLLM's default block size
 SHORT = [{"role": "user", "content": "What is a prefix cache? Answer in one line."}]
 
 
@@ -118,6 +121,17 @@ async def measure_costs(
         content = f"{doc}\n\nQuestion: number {next(turns)}?"
         await rag.chat(ChatPrompt([{"role": "user", "content": content}]))
 
+    doc_ids = await rag.chat(ChatPrompt([{"role": "user", "content": f"{doc}\n\nQuestion: x"}]))
+
+    async def key_new() -> None:
+        BlockKeyer("tiny", KEY_BLOCK).keys(doc_ids)  # a keyer of its own: nothing known
+
+    keyer = BlockKeyer("tiny", KEY_BLOCK)
+    keyer.keys(doc_ids[: len(doc_ids) - 8])  # the document under an earlier question
+
+    async def key_known_head() -> None:
+        keyer.keys(doc_ids)
+
     return [
         (f"render {len(msgs)} messages ({len(text):,} chars)", await _ms(render, repeats)),
         ("encode whole (transformers call)", await _ms(whole, repeats)),
@@ -125,7 +139,11 @@ async def measure_costs(
         ("segmented, same prompt again", await _ms(again, repeats)),
         ("segmented, one more turn", await _ms(next_turn, repeats)),
         (f"segmented, {tokens:,}-token document, new question", await _ms(question, repeats)),
-    ]
+        (f"block keys of the document ({len(doc_ids) // KEY_BLOCK:,} blocks of {KEY_BLOCK}), "
+         "none known", await _ms(key_new, repeats)),
+        ("block keys of the document, its head known (an earlier question)",
+         await _ms(key_known_head, repeats)),
+    ]  # fmt: skip
 
 
 def measure_gil(local: LocalTokenizer, tokens: int) -> list[tuple[str, float, float]]:

@@ -109,7 +109,7 @@ def test_a_32k_token_prompt_is_keyed_by_the_definition_to_its_last_block():
     assert keys == keyer.keys(tokens) == reference_keys("m", 16, tokens)
 
 
-# -- remembered groups of keys ------------------------------------------------------------
+# -- remembered heads ---------------------------------------------------------------------
 
 
 def _prompts_sharing_prefixes(rng, n=60):
