@@ -8,6 +8,8 @@
 #   KVGATE_TREE=../kvgate-3da02ca bench/profile_gateway.sh ...   # an older checkout's gateway
 #   WORKERS=2 bench/profile_gateway.sh ...   # `--workers 2`: both workers sampled together
 #   SECONDS_SAMPLED=15 RATE=400 bench/profile_gateway.sh ...   # a longer, denser sample
+#   SEQUENTIAL=1 bench/profile_gateway.sh ...   # one request at a time, as the overhead
+#       benchmark's added-latency pairs send them (each pair: the backend, then the gateway)
 #
 # Needs wrk and py-spy (`make test` installs both: wrk from Debian, py-spy with the
 # bench extra).
@@ -35,10 +37,24 @@ gw=$!
 trap 'kill $gw $pod 2>/dev/null; rm -f "$lua"' EXIT
 wrk_lua "$workload" > "$lua"
 wait_ready "$gw_port"
-wrk -t2 -c32 -d$(( ${SECONDS_SAMPLED:-8} + 4 ))s -s "$lua" "http://127.0.0.1:$gw_port/v1/chat/completions" > "$out.wrk" &
+if [[ -n "${SEQUENTIAL:-}" ]]; then
+  "$py" - "$pod_port" "$gw_port" "$workload" "${SECONDS_SAMPLED:-8}" > "$out.wrk" <<'PY' &
+import asyncio, sys, time
+from bench.overhead import Bodies, paired
+from bench.stats import percentile
+pod, gw, workload, seconds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+bodies, diffs, end = Bodies(8192, seed=5), [], time.monotonic() + seconds + 2
+while time.monotonic() < end:
+    diffs += asyncio.run(paired(f"http://127.0.0.1:{pod}", f"http://127.0.0.1:{gw}", bodies,
+                                workload, 100, stream=False))
+print(f"sequential pairs: {len(diffs)}, added p50 {percentile(diffs, 50):.2f} ms")
+PY
+else
+  wrk -t2 -c32 -d$(( ${SECONDS_SAMPLED:-8} + 4 ))s -s "$lua" "http://127.0.0.1:$gw_port/v1/chat/completions" > "$out.wrk" &
+fi
 sleep 1
 "$spy" record -p "$gw" -d ${SECONDS_SAMPLED:-8} -r ${RATE:-200} -f raw -o "$out" --nonblocking \
   $([[ "${WORKERS:-1}" != 1 ]] && echo --subprocesses) > /dev/null 2>&1
 wait %3 2>/dev/null || sleep 4
-grep -E "Requests/sec|Non-2xx" "$out.wrk" || true
+grep -E "Requests/sec|Non-2xx|sequential pairs" "$out.wrk" || true
 "$py" -m bench.pyspy_top "$out"
