@@ -170,19 +170,24 @@ class MemoryStore:
     def speculate_now(self, pod: str, keys: Sequence[int], ttl_s: float) -> None:
         """Mark ``pod`` as holding ``keys`` in L0 until ``ttl_s`` from now, unless confirmed.
 
-        The router speculates the prompt it has just looked up: when that lookup's
-        walk is a prefix of ``keys`` and nothing was written since, the walk's states
-        are still the keys' states, so that prefix is done a run at a time (touch; if
-        the pod has not confirmed the run, one new state for it), the rest key by key."""
+        The present head of ``keys`` is done a run of equal states at a time (touch;
+        if the pod has not confirmed the run, one new state for it), the rest key by
+        key. The router speculates the prompt it has just looked up: when that lookup's
+        walk is a prefix of ``keys`` and nothing was written since, the walk's runs are
+        still the keys' runs; otherwise (a sibling worker's speculation, applied before
+        a lookup) the head is read as a lookup reads it."""
         walked = self._touches.apply(then=keys)
         last, self._last_walk = self._last_walk, None
         slot = self._slot(pod)
         deadline = self._clock() + ttl_s
-        done = 0
         if walked is not None and last is not None and last[0] is walked:
-            for state, count in last[1]:
-                self._speculate_run(keys[done : done + count], state, slot, deadline)
-                done += count
+            runs = last[1]
+        else:
+            runs = [(state, len(list(run))) for state, run in groupby(self._held_prefix(keys))]
+        done = 0
+        for state, count in runs:
+            self._speculate_run(keys[done : done + count], state, slot, deadline)
+            done += count
         self._speculate_keys(keys[done:] if done else keys, slot, deadline)
 
     def _speculate_run(self, keys: Sequence[int], state: State, slot: int, deadline: float) -> None:
