@@ -124,7 +124,7 @@ def _prompts_sharing_prefixes(rng, n=60):
 
 
 @pytest.mark.parametrize("capacity", [1, 40, 1 << 16])
-def test_keys_through_remembered_groups_are_the_keys(capacity):
+def test_keys_through_remembered_heads_are_the_keys(capacity):
     """Prompts sharing heads of every length (group ends, block ends, mid-block), under
     several roots, with room for no remembered head, for two groups, or plenty."""
     import random
