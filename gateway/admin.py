@@ -86,6 +86,7 @@ async def kv_events(request: Request) -> Response:
 
 async def index_stats(request: Request) -> Response:
     gw = _admin(request)
+    gw.kv.flush_speculations()
     stats = await gw.kv.store.stats()
     return JSONResponse(
         {

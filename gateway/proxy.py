@@ -369,6 +369,7 @@ class Proxy:
         self._accounting.record(a, upstream.status, usage_from_json(body))
         watch.stop()
         await send_response(send, upstream.status, out, body)
+        self._router.response_started()
 
     async def _stream(
         self,
@@ -409,6 +410,7 @@ class Proxy:
         if not started:
             await send(start)
         await send({"type": "http.response.body", "body": first, "more_body": True})
+        self._router.response_started()
         await self._relay(send, chunks, upstream, a, first, loop, watch, style)
 
     async def _end_stream(

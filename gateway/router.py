@@ -136,6 +136,12 @@ class Router:
         if self.on_routed is not None:
             self.on_routed(routed)
 
+    def response_started(self) -> None:
+        """The client has the start of a response: what was deferred off the requests'
+        way to their pods (the index's speculative entries) is written now."""
+        if self._kv is not None:
+            self._kv.flush_speculations()
+
     def first_token(self, routed: Routed) -> None:
         self.core.first_token(routed)
         if self.on_load_change is not None:
