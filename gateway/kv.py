@@ -163,8 +163,7 @@ class KvIndex:
             sub = self._subscribers.pop(pod.name, None)
             if sub is not None:
                 await sub.stop()
-            self.flush_speculations()
-            await self.store.drop_pod(pod.name)
+            await self._drop_pod(pod.name)
             if pod.healthy:
                 await self.pod_admitted(pod)
 
@@ -262,8 +261,7 @@ class KvIndex:
 
     async def pod_ejected(self, pod: Pod) -> None:
         """An ejected pod's cache is unknown (it may have restarted): forget it."""
-        self.flush_speculations()  # what was sent to it before, forgotten with the rest
-        await self.store.drop_pod(pod.name)
+        await self._drop_pod(pod.name)
 
     async def pod_removed(self, name: str) -> None:
         sub = self._subscribers.pop(name, None)
@@ -272,6 +270,11 @@ class KvIndex:
         self._http_ingestors.pop(name, None)
         self.tokens.forget_pod(name)
         self.event_metrics.forget_pod(name)
+        await self._drop_pod(name)
+
+    async def _drop_pod(self, name: str) -> None:
+        """Forget what the index holds of a pod, what was sent to it before included (a
+        deferred speculation written after the drop would outlive it)."""
         self.flush_speculations()
         await self.store.drop_pod(name)
 
