@@ -86,8 +86,7 @@ async def kv_events(request: Request) -> Response:
 
 async def index_stats(request: Request) -> Response:
     gw = _admin(request)
-    gw.kv.flush_speculations()
-    stats = await gw.kv.store.stats()
+    stats = await gw.kv.store.stats()  # after the deferred speculations (kvindex.deferred)
     return JSONResponse(
         {
             "backend": stats.backend,

@@ -29,6 +29,7 @@ from gateway.openai_body import ParsedRequest
 from gateway.pods import Pod
 from gateway.prompt_tokens import PromptTokens
 from gateway.tracing import span
+from kvindex.deferred import DeferredSpeculations
 from kvindex.events.http_ingest import decode_http_events
 from kvindex.events.ingest import PodIngestor
 from kvindex.events.subscriber import KVEventSubscriber
@@ -89,7 +90,12 @@ class KvIndex:
         writes_events: bool = True,
     ) -> None:
         self._s = settings
-        self.store = build_store(settings, prometheus, writes_events)
+        store = build_store(settings, prometheus, writes_events)
+        # Only an index in this process waits: a shared one is read by other replicas.
+        self._deferring: DeferredSpeculations | None = None
+        if settings.index.backend == "memory":
+            self._deferring = DeferredSpeculations(store, MAX_DEFERRED_SPECULATIONS)
+        self.store: IndexStore = self._deferring or store
         # Sibling worker processes (``gateway.siblings``): what only this worker learns.
         self.peers: IndexPeers | None = None
         self.event_metrics = EventMetrics(prometheus)
@@ -104,9 +110,6 @@ class KvIndex:
         self._subscribers: dict[str, KVEventSubscriber] = {}
         self._http_ingestors: dict[str, PodIngestor] = {}
         self._pending: set[asyncio.Task[None]] = set()
-        self._deferred: list[tuple[str, Sequence[int]]] = []
-        # Only an index in this process waits: a shared one is read by other replicas.
-        self._defer_speculation = settings.index.backend == "memory"
         self.speculations_dropped = 0
 
     # -- per-model pieces --
@@ -187,7 +190,7 @@ class KvIndex:
             self._tokenize_failures.labels(model).inc()
             log.debug("tokenization failed for %s: %r", model, exc)
             return None
-        self.flush_speculations()  # this worker's dispatches before, then the siblings'
+        # The store writes this worker's deferred speculations first, then the siblings'.
         if self.peers is not None:
             await self.peers.settle(keys)  # the siblings' speculations and events, first
         with span("kvgate.index_lookup"):
@@ -197,26 +200,21 @@ class KvIndex:
     def speculate(self, pod: str, keys: Sequence[int]) -> None:
         """The routing core's speculation. Sibling workers and a shared store get it at
         once (another worker's or replica's next request may share the prefix). This
-        process's own memory index gets it before its next lookup (so the next request
-        routed here sees it) or once this request's response has started
+        process's own memory index is written at its next use (a lookup, an event
+        batch: ``kvindex.deferred``) or once this request's response has started
         (``flush_speculations``), whichever comes first: off the request's way to the
         pod, where it cost a new 8 KB prompt ~0.1 ms. Its TTL counts from that write."""
         if self.peers is not None:
             self.peers.speculated(pod, keys)
-        if not self._defer_speculation:
+        if self._deferring is not None:
+            self._deferring.defer(pod, keys, self._s.index.speculative_ttl_s)
+        else:
             self._write_speculation(pod, keys)
-            return
-        if len(self._deferred) >= MAX_DEFERRED_SPECULATIONS:
-            self.flush_speculations()
-        self._deferred.append((pod, keys))
 
     def flush_speculations(self) -> None:
         """Write the deferred speculations, in the order they were dispatched."""
-        if not self._deferred:
-            return
-        deferred, self._deferred = self._deferred, []
-        for pod, keys in deferred:
-            self._write_speculation(pod, keys)
+        if self._deferring is not None:
+            self._deferring.flush()
 
     def _write_speculation(self, pod: str, keys: Sequence[int]) -> None:
         """Recorded in the local view now; a shared store's write follows in the background."""
@@ -273,9 +271,8 @@ class KvIndex:
         await self._drop_pod(name)
 
     async def _drop_pod(self, name: str) -> None:
-        """Forget what the index holds of a pod, what was sent to it before included (a
-        deferred speculation written after the drop would outlive it)."""
-        self.flush_speculations()
+        """Forget what the index holds of a pod (with what was sent to it: the store
+        writes deferred speculations before it drops one)."""
         await self.store.drop_pod(name)
 
     async def ingest_http(self, pod: Pod, body: bytes, content_type: str) -> int:
@@ -346,14 +343,9 @@ class KvIndex:
             out[f"keyer_heads[{model}]"] = keyer.heads_bound()
         pending = Bound(len(self._pending), MAX_PENDING_SPECULATIONS, "writes", 2_000)
         out["speculations_pending"] = pending
-        # An entry is a (pod, keys) tuple and a list slot; the key list is the dispatching
-        # request's, kept at most until the next lookup writes the entry.
-        deferred = Bound(len(self._deferred), MAX_DEFERRED_SPECULATIONS, "prompts", 64)
-        out["speculations_deferred"] = deferred
         return out
 
     async def close(self) -> None:
-        self._deferred.clear()
         for task in list(self._pending):
             task.cancel()
         for sub in self._subscribers.values():

@@ -14,6 +14,8 @@ from bench.polling import wait_for_async
 from bench.tinymodel import ensure_tokenizer
 from gateway.config import PodConfig, Settings
 from gateway.kv import KvIndex
+from kvindex.store import Removed, Stored
+from kvindex.types import Tier
 from tests.inproc.harness import inproc_gateway
 from tests.inproc.scripted_pod import MODEL, SSE_DONE, delta, sse, stream
 
@@ -33,7 +35,9 @@ async def test_a_prompt_whose_response_has_not_started_is_held_by_its_pod_at_the
     async with inproc_gateway(pod_a, **kv_aware()) as g:
         call = g.stream_chat({**CHAT, "stream": True})
         await wait_for_async(lambda: len(pod_a.received) == 1, 2.0, "the request at the pod")
-        assert (await g.gw.kv.store.stats()).keys == 0  # not written on its way there
+        bounds = g.gw.kv.bounds()  # read without writing what waits
+        assert bounds["index"].size == 0  # not written on its way there
+        assert bounds["speculations_deferred"].size == 1
 
         lookup = (await g.admin.post("/admin/index/lookup", json=CHAT)).json()
 
@@ -70,4 +74,20 @@ async def test_a_deferred_speculation_does_not_outlive_its_pods_ejection():
 
         assert (await kv.store.match(keys, 16)).pods == {}
         assert kv.bounds()["speculations_deferred"].size == 0
+        await kv.close()
+
+
+async def test_a_deferred_speculation_is_written_before_an_event_batch_that_removes_its_keys():
+    """Stored then Removed by the pod before the speculation's write: the write must not
+    come after them and count the pod as holding what it has just evicted."""
+    settings = Settings(pods=[PodConfig(name="p", url="http://127.0.0.1:9", models=["m"])])
+    async with httpx.AsyncClient() as client:
+        kv = KvIndex(settings, CollectorRegistry(), client)
+        keys = list(range(1, 9))
+        kv.speculate("p", keys)
+
+        await kv.store.apply("p", [Stored(Tier.L0, keys)])
+        await kv.store.apply("p", [Removed(Tier.L0, keys)])
+
+        assert (await kv.store.match(keys, 16)).pods == {}
         await kv.close()
