@@ -228,6 +228,7 @@ class IndexSettings(BaseModel):
     namespace: str = "kvgate"
     key_ttl_s: float = 3600.0  # every Redis block key expires unless re-stored
     # The chosen pod holds the prompt's blocks until events confirm; 0: no speculation.
+    # (The memory index rounds the end up to the next 1/8 s: ``block_state.spec_deadline``.)
     speculative_ttl_s: float = Field(default=3.0, ge=0)
     engine_map_capacity: int = 200_000  # engine hash -> router key entries per pod
     redis_cluster: bool = False  # redis_url names a node of a Redis Cluster

@@ -10,6 +10,7 @@ neighbours without reading them one by one.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 Spec = tuple[tuple[int, float], ...]  # (slot, deadline) of each speculative L0 holder
@@ -22,6 +23,21 @@ def bits(mask: int) -> Iterable[int]:
         low = mask & -mask
         yield low.bit_length() - 1
         mask ^= low
+
+
+# Speculation deadlines are rounded up to this step (a power of two: exact in binary).
+# A prefix speculated again within one step then leaves its keys' states as they
+# are (the same deadline): a hot system prompt or a conversation's earlier turns,
+# re-sent many times a second, is touched, not rewritten key by key.
+DEADLINE_STEP_S = 0.125
+
+
+def spec_deadline(now: float, ttl_s: float) -> float:
+    """When a speculation made at ``now`` for ``ttl_s`` ends: at most one step late
+    (a TTL of 0 or less ends at once, as it says)."""
+    if ttl_s <= 0:
+        return now + ttl_s
+    return math.ceil((now + ttl_s) / DEADLINE_STEP_S) * DEADLINE_STEP_S
 
 
 def spec_slots(spec: Spec | None) -> int:

@@ -45,7 +45,8 @@ the key so benchmarks can count cross-pod hits (``l2_writers_now``).
 
 Speculative entries (``speculate``) say "the router just sent this prompt to
 that pod, so it will hold these blocks in L0 in a moment". They count as L0
-until their deadline unless a real ``Stored(L0)`` confirms them first. A lookup
+until their deadline (the TTL from the write, rounded up to the next 1/8 s:
+``block_state.spec_deadline``) unless a real ``Stored(L0)`` confirms them first. A lookup
 that reaches a key only expired speculation held drops that key and stops there;
 the keys it walks forget their expired speculation (one new state per run).
 
@@ -72,6 +73,7 @@ from kvindex.block_state import (
     bits,
     live_slots,
     removed,
+    spec_deadline,
     spec_slots,
     spec_with,
     stored,
@@ -179,7 +181,7 @@ class MemoryStore:
         walked = self._touches.apply(then=keys)
         last, self._last_walk = self._last_walk, None
         slot = self._slot(pod)
-        deadline = self._clock() + ttl_s
+        deadline = spec_deadline(self._clock(), ttl_s)
         if walked is not None and last is not None and last[0] is walked:
             runs = last[1]
         else:
@@ -196,6 +198,8 @@ class MemoryStore:
         deque(map(entries.move_to_end, keys), maxlen=0)
         if state[0] >> slot & 1:
             return  # confirmed entries never expire
+        if state[3] is not None and (slot, deadline) in state[3]:
+            return  # speculated within this deadline step already
         new = (state[0], state[1], state[2], spec_with(state[3], slot, deadline))
         entries.update(zip(keys, repeat(new)))  # present keys keep their place
         if not (state[1] | spec_slots(state[3])) >> slot & 1:  # else its key set has them
@@ -226,8 +230,9 @@ class MemoryStore:
                 hit = memo.get(id(old))
                 if hit is None:
                     new = (old[0], old[1], old[2], spec_with(old[3], slot, deadline))
-                    hit = memo[id(old)] = (old, new)
-                entries[key] = hit[1]
+                    hit = memo[id(old)] = (old, old if new == old else new)
+                if hit[1] is not old:
+                    entries[key] = hit[1]
             pod_keys[key] = None
 
     def drop_pod_now(self, pod: str) -> None:

@@ -56,6 +56,29 @@ def test_speculation_expires_on_the_injected_clock() -> None:
     assert s.stats_now().keys == 2
 
 
+def test_a_speculations_deadline_is_rounded_up_to_the_next_eighth_of_a_second() -> None:
+    """Speculated again within one step, a prefix keeps its deadline (its keys' states
+    are not rewritten); in a later step, the deadline moves on."""
+    now = [100.01]
+    s = MemoryStore(1000, clock=lambda: now[0])
+    s.speculate_now("a", K[:3], ttl_s=5.0)  # ends at 105.125
+    now[0] = 100.02
+    s.speculate_now("a", K[:3], ttl_s=5.0)  # the same step: still 105.125
+
+    now[0] = 105.1
+    held = s.match_now(K, 16).pods
+    now[0] = 105.125
+    expired = s.match_now(K, 16).pods
+
+    assert (held, expired) == ({"a": PodPrefix(3, 3)}, {})
+    now[0] = 200.01
+    s.speculate_now("a", K[:3], ttl_s=5.0)
+    now[0] = 200.2
+    s.speculate_now("a", K[:3], ttl_s=5.0)  # a later step: ends at 205.25
+    now[0] = 205.2
+    assert s.match_now(K, 16).pods == {"a": PodPrefix(3, 3)}
+
+
 def test_a_dropped_pods_slot_is_reused_without_its_entries() -> None:
     s = MemoryStore(1000)
     s.apply_now("a", [Stored(L0, K[:3])])

@@ -12,6 +12,7 @@ same lookups, L2 writers, stats and key count in both, after every step.
 
 from __future__ import annotations
 
+import math
 import random
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -104,7 +105,8 @@ class Reference:
         for key in keys:
             held = self._touch_or_add(key)
             if pod not in held.l0:
-                held.spec[pod] = self.clock[0] + ttl_s
+                # the TTL from now, rounded up to the next 1/8 s (the store's contract)
+                held.spec[pod] = math.ceil((self.clock[0] + ttl_s) * 8) / 8
 
     def drop_pod(self, pod: str) -> None:
         if pod in self.known:
