@@ -166,7 +166,7 @@ class KvIndex:
             sub = self._subscribers.pop(pod.name, None)
             if sub is not None:
                 await sub.stop()
-            await self._drop_pod(pod.name)
+            await self.store.drop_pod(pod.name)
             if pod.healthy:
                 await self.pod_admitted(pod)
 
@@ -259,7 +259,7 @@ class KvIndex:
 
     async def pod_ejected(self, pod: Pod) -> None:
         """An ejected pod's cache is unknown (it may have restarted): forget it."""
-        await self._drop_pod(pod.name)
+        await self.store.drop_pod(pod.name)
 
     async def pod_removed(self, name: str) -> None:
         sub = self._subscribers.pop(name, None)
@@ -268,11 +268,6 @@ class KvIndex:
         self._http_ingestors.pop(name, None)
         self.tokens.forget_pod(name)
         self.event_metrics.forget_pod(name)
-        await self._drop_pod(name)
-
-    async def _drop_pod(self, name: str) -> None:
-        """Forget what the index holds of a pod (with what was sent to it: the store
-        writes deferred speculations before it drops one)."""
         await self.store.drop_pod(name)
 
     async def ingest_http(self, pod: Pod, body: bytes, content_type: str) -> int:
