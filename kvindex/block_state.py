@@ -61,6 +61,15 @@ def spec_with(spec: Spec | None, slot: int, deadline: float) -> Spec:
     return (*rest, (slot, deadline))
 
 
+def speculated(old: State, slot: int, deadline: float) -> State:
+    """``old`` with ``slot`` speculating until ``deadline``; ``old`` itself when it
+    already does (speculated again within one deadline step)."""
+    spec = old[3]
+    if spec is not None and (slot, deadline) in spec:
+        return old
+    return (old[0], old[1], old[2], spec_with(spec, slot, deadline))
+
+
 def stored(old: State, slot: int, bit: int, is_l0: bool) -> tuple[State, State, int]:
     """(old, new, 1 if the pod gained the tier) for a ``Stored`` L0/L1 of this slot;
     ``new is old`` when nothing changes."""

@@ -75,7 +75,7 @@ from kvindex.block_state import (
     removed,
     spec_deadline,
     spec_slots,
-    spec_with,
+    speculated,
     stored,
 )
 from kvindex.store import Cleared, IndexOp, IndexStats, Removed, Stored
@@ -198,9 +198,9 @@ class MemoryStore:
         deque(map(entries.move_to_end, keys), maxlen=0)
         if state[0] >> slot & 1:
             return  # confirmed entries never expire
-        if state[3] is not None and (slot, deadline) in state[3]:
+        new = speculated(state, slot, deadline)
+        if new is state:
             return  # speculated within this deadline step already
-        new = (state[0], state[1], state[2], spec_with(state[3], slot, deadline))
         entries.update(zip(keys, repeat(new)))  # present keys keep their place
         if not (state[1] | spec_slots(state[3])) >> slot & 1:  # else its key set has them
             self._pod_keys[slot].update(zip(keys, repeat(None)))
@@ -229,8 +229,7 @@ class MemoryStore:
                     continue  # already confirmed: confirmed entries never expire
                 hit = memo.get(id(old))
                 if hit is None:
-                    new = (old[0], old[1], old[2], spec_with(old[3], slot, deadline))
-                    hit = memo[id(old)] = (old, old if new == old else new)
+                    hit = memo[id(old)] = (old, speculated(old, slot, deadline))
                 if hit[1] is not old:
                     entries[key] = hit[1]
             pod_keys[key] = None
