@@ -1,6 +1,6 @@
-# Sourced by bench/profile_gateway.sh, ab_gateway.sh, cpu_split.sh, gc_pauses.sh and
-# duel_gateway.sh: what they do around a gateway under wrk load. Needs $py (the
-# project's python).
+# Sourced by bench/profile_gateway.sh, ab_gateway.sh, cpu_split.sh, gc_pauses.sh,
+# duel_gateway.sh and workers_vs_processes.sh: what they do around a gateway under wrk
+# load. Needs $py (the project's python).
 
 # Three free loopback ports ($pod_port $gw_port $admin_port), KVGATE_MODELS exported for
 # the tiny test model's tokenizer, and a temporary file for wrk's Lua script ($lua).
