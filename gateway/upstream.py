@@ -19,10 +19,11 @@ cancelled or times out mid-exchange closes its connection, so the pod sees the
 request end (vLLM then aborts it).
 
 Bounded: at most ``max_connections`` exchanges at once (a semaphore; more wait for a
-slot), idle connections per pod at most as many as were busy at once and closed
-after ``IDLE_CLOSE_S``, a response's headers at most ``MAX_HEAD_BYTES``, and a
-response body read more slowly than the pod sends it buffers at most about
-``READ_HIGH_WATER`` before the socket stops being read (TCP then slows the pod).
+slot) and as many connections open, busy or idle (a new one closes the longest idle
+one when needed; idle ones are closed after ``IDLE_CLOSE_S``), a response's headers at
+most ``MAX_HEAD_BYTES``, and a response body read more slowly than the pod sends it
+buffers at most about ``READ_HIGH_WATER`` before the socket stops being read (TCP
+then slows the pod).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from urllib.parse import quote, unquote, urlsplit
 
 import httptools
 
+from kvindex.types import Bound
+
 # Idle pooled connections are not reused after this. vLLM's server (uvicorn) closes idle
 # keep-alive connections after 5 s; not reusing ours past 4 keeps a request from being
 # sent on a connection the pod is closing at that moment, which would look like a fault.
@@ -45,6 +48,9 @@ SWEEP_EVERY_S = 1.0  # how often idle connections past IDLE_CLOSE_S are closed
 MAX_HEAD_BYTES = 64 << 10  # a response's header names and values together
 READ_HIGH_WATER = 256 << 10  # body bytes buffered unread before reading pauses
 READ_LOW_WATER = 64 << 10  # ... and resumes
+# A connection's objects here and in uvloop (tracemalloc, CPython 3.11), not the
+# kernel's socket buffers.
+CONNECTION_BYTES = 2_400
 _MAX_TARGETS = 1024  # parsed URLs remembered (pods x API paths)
 _SAFE_PATH = "/:@!$&'()*+,;=-._~"  # what a request target keeps as it is
 
@@ -249,6 +255,7 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         if self._transport is not None:
             self._transport.close()
+        self._pool._lost(self)  # at once: it no longer counts against the bound
 
     def _fail(self, what: str) -> None:
         self._error = UpstreamDropped(f"the pod {what}")
@@ -384,6 +391,8 @@ class Upstream:
         return conn
 
     async def _connect(self, origin: tuple[str, str, int]) -> _Connection:
+        if len(self._open) >= self._max_connections:
+            self._close_oldest_idle()  # one is idle: fewer than max are busy (the semaphore)
         scheme, host, port = origin
         tls: dict[str, Any] = {}
         if scheme == "https":
@@ -411,6 +420,20 @@ class Upstream:
             self._idle.setdefault(conn.origin, []).append(conn)
         else:
             conn.close()
+
+    def _close_oldest_idle(self) -> None:
+        """Make room for a connection to another pod: close the longest idle one."""
+        lists = [idle for idle in self._idle.values() if idle]
+        if lists:
+            min(lists, key=lambda idle: idle[0].idle_since)[0].close()
+
+    def bounds(self) -> dict[str, Bound]:
+        """Open connections to pods, busy or idle (``/admin/bounds``)."""
+        return {
+            "upstream.connections": Bound(
+                len(self._open), self._max_connections, "connections", CONNECTION_BYTES
+            )
+        }
 
     def _lost(self, conn: _Connection) -> None:
         """``conn`` closed (either end): forget it, idle or not."""

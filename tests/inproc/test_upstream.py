@@ -304,3 +304,15 @@ async def test_closing_an_abandoned_response_closes_the_connection() -> None:
         resp.close()  # twice is harmless
         await asyncio.sleep(0.05)
         assert up.connections == 0
+
+
+async def test_open_connections_never_exceed_the_bound_across_pods() -> None:
+    async with RawPod(answer()) as a, RawPod(answer()) as b, RawPod(answer()) as c:
+        async with client(max_connections=2) as up:
+            for pod in (a, b, c, a):
+                resp = await up.open(pod.url, b"{}", HEADERS)
+                assert await resp.read() == JSON
+                assert up.connections <= 2
+                assert up.bounds()["upstream.connections"].size == up.connections
+            # c's connection made room by closing a's (the longest idle); a got a new one
+            assert (a.connections, b.connections, c.connections) == (2, 1, 1)
