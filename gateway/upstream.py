@@ -324,7 +324,8 @@ class Upstream:
         self._max_connections = max_connections
         self._connect_timeout_s = connect_timeout_s
         self._slots: asyncio.Semaphore | None = None
-        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}  # newest last
+        # per pod, its idle connections oldest first (a dict: O(1) removal from the middle)
+        self._idle: dict[tuple[str, str, int], dict[_Connection, None]] = {}
         self._open: set[_Connection] = set()
         self._targets: dict[str, _Target] = {}
         self._ssl: ssl.SSLContext | None = None
@@ -379,15 +380,17 @@ class Upstream:
         return target
 
     def _idle_connection(self, origin: tuple[str, str, int]) -> _Connection | None:
+        """The pod's most recently used idle connection (the least likely to be timing
+        out), None if none is fresh."""
         idle = self._idle.get(origin)
         if not idle:
             return None
-        conn = idle.pop()  # the most recently used: the least likely to be timing out
-        if not idle:
-            del self._idle[origin]
-        if conn.closed or self.loop.time() - conn.idle_since > IDLE_CLOSE_S:
-            conn.close()
-            return self._idle_connection(origin)
+        conn = next(reversed(idle))
+        if self.loop.time() - conn.idle_since > IDLE_CLOSE_S:
+            for stale in list(idle):  # the others are older: all of them timed out
+                stale.close()  # which forgets it (and the pod's entry, once empty)
+            return None
+        self._forget_idle(conn)
         return conn
 
     async def _connect(self, origin: tuple[str, str, int]) -> _Connection:
@@ -417,15 +420,15 @@ class Upstream:
         if reuse and conn.complete and conn.keep_alive and not conn.closed:
             conn.reset()
             conn.idle_since = self.loop.time()
-            self._idle.setdefault(conn.origin, []).append(conn)
+            self._idle.setdefault(conn.origin, {})[conn] = None
         else:
             conn.close()
 
     def _close_oldest_idle(self) -> None:
         """Make room for a connection to another pod: close the longest idle one."""
-        lists = [idle for idle in self._idle.values() if idle]
-        if lists:
-            min(lists, key=lambda idle: idle[0].idle_since)[0].close()
+        oldest = [next(iter(idle)) for idle in self._idle.values() if idle]
+        if oldest:
+            min(oldest, key=lambda conn: conn.idle_since).close()
 
     def bounds(self) -> dict[str, Bound]:
         """Open connections to pods, busy or idle (``/admin/bounds``)."""
@@ -438,9 +441,12 @@ class Upstream:
     def _lost(self, conn: _Connection) -> None:
         """``conn`` closed (either end): forget it, idle or not."""
         self._open.discard(conn)
+        self._forget_idle(conn)
+
+    def _forget_idle(self, conn: _Connection) -> None:
         idle = self._idle.get(conn.origin)
-        if idle and conn in idle:
-            idle.remove(conn)
+        if idle is not None and conn in idle:
+            del idle[conn]
             if not idle:
                 del self._idle[conn.origin]
 
@@ -452,4 +458,4 @@ class Upstream:
             cutoff = self.loop.time() - IDLE_CLOSE_S
             for idle in list(self._idle.values()):
                 for conn in [c for c in idle if c.idle_since < cutoff]:
-                    conn.close()  # connection_lost forgets it
+                    conn.close()  # which forgets it

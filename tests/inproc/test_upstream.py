@@ -316,3 +316,29 @@ async def test_open_connections_never_exceed_the_bound_across_pods() -> None:
                 assert up.bounds()["upstream.connections"].size == up.connections
             # c's connection made room by closing a's (the longest idle); a got a new one
             assert (a.connections, b.connections, c.connections) == (2, 1, 1)
+
+
+async def test_a_pool_of_timed_out_idle_connections_is_closed_at_the_next_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(upstream_module, "SWEEP_EVERY_S", 3600.0)  # no sweep: the request
+    release = asyncio.Event()
+
+    async def held(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await release.wait()
+        await answer()(reader, writer)
+
+    async with RawPod(held) as pod, client(max_connections=300) as up:
+
+        async def one() -> bytes:
+            return await (await up.open(pod.url, b"{}", HEADERS)).read()
+
+        tasks = [asyncio.create_task(one()) for _ in range(300)]
+        while pod.open_now < 300:
+            await asyncio.sleep(0.01)
+        release.set()
+        await asyncio.gather(*tasks)
+        assert up.connections == 300
+        monkeypatch.setattr(upstream_module, "IDLE_CLOSE_S", 0.0)
+        assert await one() == JSON  # closes the 300 timed-out ones, opens one
+        assert up.connections == 1 and pod.connections == 301
