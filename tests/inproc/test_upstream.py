@@ -86,6 +86,16 @@ def answer(body: bytes = JSON, extra: bytes = b"") -> Script:
     return script
 
 
+def answer_after(release: asyncio.Event) -> Script:
+    """Holds each request until ``release`` is set, then answers it."""
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await release.wait()
+        await answer()(reader, writer)
+
+    return script
+
+
 @contextlib.asynccontextmanager
 async def client(max_connections: int = 16) -> AsyncIterator[Upstream]:
     up = Upstream(max_connections, connect_timeout_s=2.0)
@@ -97,6 +107,11 @@ async def client(max_connections: int = 16) -> AsyncIterator[Upstream]:
 
 
 HEADERS = {"content-type": "application/json", "x-request-id": "r1"}
+
+
+async def post(up: Upstream, url: str) -> bytes:
+    """One exchange's whole body."""
+    return await (await up.open(url, b"{}", HEADERS)).read()
 
 
 async def test_sequential_requests_reuse_one_keep_alive_connection() -> None:
@@ -115,18 +130,8 @@ async def test_sequential_requests_reuse_one_keep_alive_connection() -> None:
 
 async def test_no_more_exchanges_at_once_than_max_connections() -> None:
     release = asyncio.Event()
-
-    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await release.wait()
-        await answer()(reader, writer)
-
-    async with RawPod(slow) as pod, client(max_connections=2) as up:
-
-        async def one() -> bytes:
-            resp = await up.open(pod.url, b"{}", HEADERS)
-            return await resp.read()
-
-        tasks = [asyncio.create_task(one()) for _ in range(3)]
+    async with RawPod(answer_after(release)) as pod, client(max_connections=2) as up:
+        tasks = [asyncio.create_task(post(up, pod.url)) for _ in range(3)]
         await asyncio.sleep(0.2)
         assert pod.open_now == 2  # the third waits for a slot
         release.set()
@@ -323,22 +328,13 @@ async def test_a_pool_of_timed_out_idle_connections_is_closed_at_the_next_reques
 ) -> None:
     monkeypatch.setattr(upstream_module, "SWEEP_EVERY_S", 3600.0)  # no sweep: the request
     release = asyncio.Event()
-
-    async def held(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await release.wait()
-        await answer()(reader, writer)
-
-    async with RawPod(held) as pod, client(max_connections=300) as up:
-
-        async def one() -> bytes:
-            return await (await up.open(pod.url, b"{}", HEADERS)).read()
-
-        tasks = [asyncio.create_task(one()) for _ in range(300)]
+    async with RawPod(answer_after(release)) as pod, client(max_connections=300) as up:
+        tasks = [asyncio.create_task(post(up, pod.url)) for _ in range(300)]
         while pod.open_now < 300:
             await asyncio.sleep(0.01)
         release.set()
         await asyncio.gather(*tasks)
         assert up.connections == 300
         monkeypatch.setattr(upstream_module, "IDLE_CLOSE_S", 0.0)
-        assert await one() == JSON  # closes the 300 timed-out ones, opens one
+        assert await post(up, pod.url) == JSON  # closes the 300 timed-out ones, opens one
         assert up.connections == 1 and pod.connections == 301
