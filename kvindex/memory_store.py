@@ -428,11 +428,15 @@ class MemoryStore:
     # -- reads ----------------------------------------------------------------
 
     def _held_prefix(self, keys: Sequence[int]) -> list[State]:
-        """States of ``keys`` up to the first absent one, read in growing chunks
-        (a prompt's uncached tail costs at most as many reads as its cached head)."""
+        """States of ``keys`` up to the first absent one: the first key alone (a prompt
+        no pod has seen costs one read, a cache miss in a large index), then growing
+        chunks (a prompt's uncached tail costs at most as many reads as its cached head)."""
         get = self._entries.get
-        states: list[State] = []
-        start, step, total = 0, _FIRST_CHUNK, len(keys)
+        first = get(keys[0]) if keys else None
+        if first is None:
+            return []
+        states: list[State] = [first]
+        start, step, total = 1, _FIRST_CHUNK, len(keys)
         while start < total:
             chunk = list(map(get, keys[start : start + step]))
             try:
