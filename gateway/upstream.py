@@ -7,8 +7,9 @@ connection for the next request. So it is a small ``asyncio.Protocol`` over
 keep-alive pool, not a general HTTP library. Why not one: per request aiohttp's
 client spent 114-130 µs of CPU against a zero-latency pod and this one 35-37
 (``python -m bench.upstream_cpu``; docs/performance.md, "A forwarding client of its
-own"), and aiohttp was the largest single share of a proxied request's CPU. httpx stays for health probes, admin and
-engine ``/tokenize`` calls, which are not on the hot path.
+own"), and aiohttp was the largest single share of a proxied request's CPU. httpx
+stays for health probes, admin and engine ``/tokenize`` calls, which are not on the
+hot path.
 
 The proxy sees only ``Upstream.open`` and ``UpstreamResponse``, and three failures:
 ``UpstreamConnectError`` (the pod could not be reached: retry elsewhere),
