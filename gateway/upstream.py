@@ -386,11 +386,10 @@ class Upstream:
         idle = self._idle.get(origin)
         if not idle:
             return None
-        conn = next(reversed(idle))
-        if self.loop.time() - conn.idle_since > IDLE_CLOSE_S:
-            for stale in list(idle):  # the others are older: all of them timed out
-                stale.close()  # which forgets it (and the pod's entry, once empty)
+        self._close_timed_out(idle)
+        if not idle:
             return None
+        conn = next(reversed(idle))
         self._forget_idle(conn)
         return conn
 
@@ -456,7 +455,11 @@ class Upstream:
         keeps none open)."""
         while True:
             await asyncio.sleep(SWEEP_EVERY_S)
-            cutoff = self.loop.time() - IDLE_CLOSE_S
             for idle in list(self._idle.values()):
-                for conn in [c for c in idle if c.idle_since < cutoff]:
-                    conn.close()  # which forgets it
+                self._close_timed_out(idle)
+
+    def _close_timed_out(self, idle: dict[_Connection, None]) -> None:
+        """Close a pod's idle connections unused for ``IDLE_CLOSE_S``: the oldest lead."""
+        cutoff = self.loop.time() - IDLE_CLOSE_S
+        while idle and (oldest := next(iter(idle))).idle_since < cutoff:
+            oldest.close()  # which forgets it (and the pod's entry, once empty)
