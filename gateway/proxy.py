@@ -15,7 +15,8 @@ Rules (the request lifecycle):
   during the answer, cancels the upstream request.
 
 This is the hot path, so it speaks raw ASGI (``gateway.asgi``) and forwards through
-``gateway.upstream`` (aiohttp), not through Starlette objects and httpx.
+``gateway.upstream`` (its own HTTP/1.1 client over httptools), not through Starlette
+objects and httpx.
 """
 
 from __future__ import annotations

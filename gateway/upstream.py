@@ -17,7 +17,10 @@ The proxy sees only ``Upstream.open`` and ``UpstreamResponse``, and three failur
 not an HTTP/1.1 response: retry before the first byte, an SSE error after), and
 ``TimeoutError`` from the deadlines the proxy wraps around each call. A call that is
 cancelled or times out mid-exchange closes its connection, so the pod sees the
-request end (vLLM then aborts it).
+request end (vLLM then aborts it). A kept-alive connection the pod closes as a request
+goes out on it, before a byte of an answer, is not a failure: the request goes again on
+a new connection, once. A connection that carried anything but one whole answer
+(``Connection: close``, a body cut short, bytes after the answer) is never reused.
 
 Bounded: at most ``max_connections`` exchanges at once (a semaphore; more wait for a
 slot) and as many connections open, busy or idle (a new one closes the longest idle
@@ -121,6 +124,8 @@ class _Connection(asyncio.Protocol):
         self.status = 0
         self.headers: dict[str, str] = {}
         self._head_bytes = 0
+        self._head_read = 0  # bytes read while the head is incomplete
+        self._heard = False  # a byte of this exchange's answer arrived
         self._refused: str | None = None  # why a callback stopped the parser
         self._informational = False  # a 1xx response precedes the real one
         self._until_eof = False  # neither Content-Length nor chunked: the body ends at EOF
@@ -141,10 +146,18 @@ class _Connection(asyncio.Protocol):
         if self._parser is None or self.complete:
             self._fail("sent bytes outside an exchange")
             return
+        self._heard = True
         try:
             self._parser.feed_data(data)
         except Exception as exc:  # HttpParserError, an upgrade we never asked for
             self._fail(self._refused or f"sent a malformed response ({exc!r})")
+            return
+        if self._head is not None and not self._head.done():
+            # httptools holds a header line until it ends, so on_header cannot bound a
+            # head that never does: the bytes read while it is incomplete are bounded too.
+            self._head_read += len(data)
+            if self._head_read > MAX_HEAD_BYTES:
+                self._fail(f"sent more than {MAX_HEAD_BYTES} bytes of headers")
 
     def eof_received(self) -> bool:
         return False  # the transport closes itself; connection_lost follows
@@ -159,6 +172,11 @@ class _Connection(asyncio.Protocol):
         self._pool._lost(self)
 
     # -- httptools callbacks --
+
+    def on_message_begin(self) -> None:
+        if self.complete:  # in the read that ended the answer: a second answer follows it
+            self._refused = "sent more than one answer"  # the connection goes, the first stays
+            raise UpstreamDropped(self._refused)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._head_bytes += len(name) + len(value)
@@ -199,6 +217,7 @@ class _Connection(asyncio.Protocol):
             self._informational = False
             self.headers = {}
             self._head_bytes = 0
+            self._head_read = 0
             return
         self.complete = True
         self._wake()
@@ -210,6 +229,8 @@ class _Connection(asyncio.Protocol):
         assert self._transport is not None
         self._parser = httptools.HttpResponseParser(self)
         self._head = self._pool.loop.create_future()
+        self._head_read = 0
+        self._heard = False
         self._transport.write(data)
         return self._head
 
@@ -251,6 +272,12 @@ class _Connection(asyncio.Protocol):
         if self._paused and self._transport is not None:
             self._paused = False
             self._transport.resume_reading()
+
+    @property
+    def closed_unheard(self) -> bool:
+        """Closed with not a byte of an answer: on a reused connection, the pod closing
+        it as idle (its keep-alive timeout, a restart) as our request went out."""
+        return self.closed and not self._heard
 
     def close(self) -> None:
         self.closed = True
@@ -328,6 +355,7 @@ class Upstream:
         # per pod, its idle connections oldest first (a dict: O(1) removal from the middle)
         self._idle: dict[tuple[str, str, int], dict[_Connection, None]] = {}
         self._open: set[_Connection] = set()
+        self._connecting = 0  # connections being made: they count against the bound too
         self._targets: dict[str, _Target] = {}
         self._ssl: ssl.SSLContext | None = None
         self._sweeper: asyncio.Task[None] | None = None
@@ -359,14 +387,28 @@ class Upstream:
         target = self._target(url)
         data = request_head(target.start, headers, len(body)) + body
         await slots.acquire()
-        conn: _Connection | None = None
         try:
-            conn = self._idle_connection(target.origin) or await self._connect(target.origin)
+            conn = self._idle_connection(target.origin)
+            if conn is not None:
+                try:
+                    return await self._send(conn, data)
+                except UpstreamDropped:
+                    if not conn.closed_unheard:
+                        raise
+                    # The pod closed it as we reused it, so it took nothing of the
+                    # request: a new connection carries it, once (a failure there is
+                    # the pod's), rather than a retry elsewhere counted against the pod.
+            return await self._send(await self._connect(target.origin), data)
+        except BaseException:
+            slots.release()
+            raise
+
+    async def _send(self, conn: _Connection, data: bytes) -> UpstreamResponse:
+        """One exchange on ``conn``, once its head is in; any failure closes it."""
+        try:
             await conn.send(data)
         except BaseException:
-            if conn is not None:
-                conn.close()
-            slots.release()
+            conn.close()
             raise
         return UpstreamResponse(self, conn)
 
@@ -394,7 +436,7 @@ class Upstream:
         return conn
 
     async def _connect(self, origin: tuple[str, str, int]) -> _Connection:
-        if len(self._open) >= self._max_connections:
+        if len(self._open) + self._connecting >= self._max_connections:
             self._close_oldest_idle()  # one is idle: fewer than max are busy (the semaphore)
         scheme, host, port = origin
         tls: dict[str, Any] = {}
@@ -402,16 +444,19 @@ class Upstream:
             if self._ssl is None:
                 self._ssl = ssl.create_default_context()
             tls = {"ssl": self._ssl, "server_hostname": host}
+        self._connecting += 1
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 _, conn = await self.loop.create_connection(
                     lambda: _Connection(self, origin), host, port, **tls
                 )
+            self._open.add(conn)
         except TimeoutError:
             raise UpstreamConnectError(f"connecting to {host}:{port} timed out") from None
         except OSError as exc:  # refused, unreachable, unresolvable, TLS
             raise UpstreamConnectError(repr(exc)) from None
-        self._open.add(conn)
+        finally:
+            self._connecting -= 1
         return conn
 
     def _release(self, conn: _Connection, *, reuse: bool) -> None:

@@ -338,3 +338,236 @@ async def test_a_pool_of_timed_out_idle_connections_is_closed_at_the_next_reques
         monkeypatch.setattr(upstream_module, "IDLE_CLOSE_S", 0.0)
         assert await post(up, pod.url) == JSON  # closes the 300 timed-out ones, opens one
         assert up.connections == 1 and pod.connections == 301
+
+
+# -- pods that misbehave: a clear error, nothing reused that should not be, nothing lost --
+
+
+def sends(data: bytes, *, then_close: bool = False, then_wait: bool = False) -> Script:
+    """Writes ``data`` as the answer; then closes, or keeps the connection open unused."""
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(data)
+        await writer.drain()
+        if then_close:
+            writer.close()
+        elif then_wait:
+            await reader.read(1)  # returns once the client closes
+
+    return script
+
+
+@pytest.mark.parametrize(
+    "head",
+    [b"HTTP/1.1 200 OK\r\nconnection: close\r\n", b"HTTP/1.0 200 OK\r\n"],
+    ids=["connection-close", "http-1.0"],
+)
+async def test_an_answer_that_ends_the_connection_does_not_return_it_to_the_pool(
+    head: bytes,
+) -> None:
+    sent = head + b"content-length: %d\r\n\r\n%s" % (len(JSON), JSON)
+    async with RawPod(sends(sent, then_wait=True)) as pod, client() as up:
+        for _ in range(2):
+            assert await post(up, pod.url) == JSON
+            assert up.connections == 0  # the pod keeps it open; the client closed it
+        assert pod.connections == 2
+
+
+async def test_an_http_1_0_keep_alive_answer_keeps_its_connection() -> None:
+    sent = b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: %d\r\n\r\n%s" % (
+        len(JSON), JSON)  # fmt: skip
+    async with RawPod(sends(sent)) as pod, client() as up:
+        for _ in range(2):
+            assert await post(up, pod.url) == JSON
+        assert pod.connections == 1
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n10\r\n01234",
+    ],
+    ids=["short-of-content-length", "mid-chunk"],
+)
+async def test_a_body_cut_short_is_upstream_dropped_not_a_short_body(sent: bytes) -> None:
+    async with RawPod(sends(sent, then_close=True)) as pod, client(max_connections=1) as up:
+        resp = await up.open(pod.url, b"{}", HEADERS)
+        with pytest.raises(UpstreamDropped, match="closed"):
+            await resp.read()
+        resp.close()
+        assert up.connections == 0
+        resp = await up.open(pod.url, b"{}", HEADERS)  # as a stream: what came, then the error
+        got = b""
+        with pytest.raises(UpstreamDropped):
+            async for chunk in resp.chunks():
+                got += chunk
+        assert got in (b"0123456789", b"01234")
+        resp.close()
+        pod.script = answer()
+        assert await post(up, pod.url) == JSON  # its one slot came back each time
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"zz\r\ndata\r\n0\r\n\r\n", b"5\r\ndata 1\r\n0\r\n\r\n", b"5 x\r\ndata 1\r\n"],
+    ids=["not-hex", "longer-than-its-size", "junk-after-size"],
+)
+async def test_an_invalid_chunk_is_upstream_dropped(body: bytes) -> None:
+    sent = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + body
+    async with RawPod(sends(sent, then_wait=True)) as pod, client(max_connections=1) as up:
+        resp = await up.open(pod.url, b"{}", HEADERS)
+        with pytest.raises(UpstreamDropped, match="malformed"):
+            async with asyncio.timeout(2):
+                await resp.read()
+        resp.close()
+        assert up.connections == 0
+        pod.script = answer()
+        assert await post(up, pod.url) == JSON
+
+
+async def test_a_head_that_never_ends_is_refused_at_the_bound() -> None:
+    """httptools holds a header line until it ends: the bound is on the bytes read."""
+
+    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nx-flood: ")
+        with contextlib.suppress(ConnectionError):
+            for _ in range(64):  # 4 MB of one header line, never ended
+                writer.write(b"v" * (64 << 10))
+                await writer.drain()
+            await reader.read(1)
+
+    async with RawPod(endless) as pod, client(max_connections=1) as up:
+        with pytest.raises(UpstreamDropped, match="headers"):
+            async with asyncio.timeout(5):
+                await up.open(pod.url, b"{}", HEADERS)
+        assert up.connections == 0
+
+
+@pytest.mark.parametrize("apart", [False, True], ids=["same-write", "later-write"])
+async def test_bytes_after_a_complete_answer_are_not_left_for_the_next_exchange(
+    apart: bool,
+) -> None:
+    first = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfirst"
+    stale = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nstale"
+
+    async def twice(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(first if apart else first + stale)
+        await writer.drain()
+        if apart:
+            await asyncio.sleep(0.05)
+            writer.write(stale)
+            await writer.drain()
+
+    async with RawPod(twice) as pod, client() as up:
+        resp = await up.open(pod.url, b"{}", HEADERS)
+        assert resp.status == 200 and await resp.read() == b"first"
+        await asyncio.sleep(0.1)
+        pod.script = answer()
+        assert await post(up, pod.url) == JSON  # not the stale answer
+        assert pod.connections == 2
+
+
+async def test_an_early_answer_before_the_body_was_sent_is_its_answer_or_dropped() -> None:
+    """The pod answers 413 after the head and closes without reading the body."""
+    refusal = b"HTTP/1.1 413 Payload Too Large\r\nconnection: close\r\ncontent-length: 2\r\n\r\nno"
+
+    async def early(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(refusal)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(early, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/chat/completions"
+    try:
+        async with client(max_connections=1) as up:
+            for _ in range(3):
+                try:
+                    async with asyncio.timeout(5):
+                        resp = await up.open(url, b"x" * (16 << 20), HEADERS)
+                        assert (resp.status, await resp.read()) == (413, b"no")
+                except UpstreamDropped:
+                    pass  # the pod's reset may discard its answer: a clear error still
+                assert up.connections == 0
+    finally:
+        server.close()
+
+
+async def test_a_pooled_connection_the_pod_closed_is_replaced_not_failed() -> None:
+    """The pod closes a kept-alive connection as the next request goes out on it (its
+    idle timeout racing our reuse): nothing of an answer came, so a new one is tried."""
+    served_on: dict[asyncio.StreamWriter, int] = {}
+
+    async def once_per_connection(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        served_on[writer] = served_on.get(writer, 0) + 1
+        if served_on[writer] > 1:
+            writer.close()
+            return
+        await answer()(reader, writer)
+
+    async with RawPod(once_per_connection) as pod, client() as up:
+        assert await post(up, pod.url) == JSON
+        assert await post(up, pod.url) == JSON
+        assert pod.connections == 2
+
+
+@pytest.mark.parametrize("status", [100, 103])
+async def test_an_informational_answer_then_the_answer_keeps_the_connection(status: int) -> None:
+    async def informational(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 %d Whatever\r\n\r\n" % status)
+        await answer()(reader, writer)
+
+    async with RawPod(informational) as pod, client() as up:
+        for _ in range(2):
+            resp = await up.open(pod.url, b"{}", HEADERS)
+            assert resp.status == 200 and await resp.read() == JSON
+        assert pod.connections == 1
+
+
+@pytest.mark.parametrize("status", [204, 304])
+async def test_an_answer_without_a_body_ends_at_its_head_and_keeps_the_connection(
+    status: int,
+) -> None:
+    sent = b"HTTP/1.1 %d No Body\r\nx-n: 1\r\n\r\n" % status
+    async with RawPod(sends(sent)) as pod, client() as up:
+        for _ in range(2):
+            resp = await up.open(pod.url, b"{}", HEADERS)
+            assert resp.status == status
+            async with asyncio.timeout(2):
+                assert await resp.read() == b""
+        assert pod.connections == 1
+
+
+async def test_cancelled_mid_body_the_closed_response_frees_its_connection_and_slot() -> None:
+    async def half(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789")
+        await writer.drain()
+        await reader.read(1)  # returns at the client's close
+        pod.hung_up.set()
+
+    async with RawPod(half) as pod, client(max_connections=1) as up:
+        resp = await up.open(pod.url, b"{}", HEADERS)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.2):
+                await resp.read()
+        resp.close()  # what the proxy does in its finally
+        await asyncio.wait_for(pod.hung_up.wait(), 2)
+        assert up.connections == 0
+        pod.script = answer()
+        assert await post(up, pod.url) == JSON
+
+
+async def test_connections_being_opened_at_once_count_against_the_bound() -> None:
+    release = asyncio.Event()
+    async with RawPod(answer()) as a, RawPod(answer_after(release)) as b:
+        async with RawPod(answer_after(release)) as c, client(max_connections=2) as up:
+            assert await post(up, a.url) == JSON  # one idle connection to a
+            tasks = [asyncio.create_task(post(up, pod.url)) for pod in (b, c)]
+            await asyncio.sleep(0.2)
+            assert up.connections <= 2
+            release.set()
+            assert await asyncio.gather(*tasks) == [JSON] * 2
+            assert up.connections <= 2
