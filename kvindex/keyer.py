@@ -33,7 +33,10 @@ _XXH3 = xxhash.xxh3_64_intdigest
 _LE_U64 = struct.Struct("<Q")
 _ROOT_TAG = b"kvgate-v1"
 _ROOT_CACHE_CAPACITY = 1024  # distinct (lora, salt) pairs remembered per keyer
-ROOT_BYTES = 250  # a (lora, salt) key tuple with short strings, its root and LRU node
+# A salt is the client's to choose (any length the body allows): only pairs this short
+# are remembered, or a thousand salts of megabytes each would all stay in memory.
+ROOT_CACHE_MAX_CHARS = 64
+ROOT_BYTES = 340  # a (lora, salt) key tuple of up to 64 characters, its root and LRU node
 # Prompts' heads are remembered in whole groups of GROUP_BLOCKS blocks (``BlockKeyer``).
 GROUP_BLOCKS = 16
 HEAD_KEYS = 1 << 16  # keys of remembered heads per keyer: ~650 prompts of 100 blocks
@@ -114,7 +117,9 @@ class BlockKeyer:
         self.root = self.root_for(lora_name, cache_salt)
 
     def root_for(self, lora_name: str | None, cache_salt: str | None) -> int:
-        """Root seed for this model with the given LoRA and salt (LRU-cached)."""
+        """Root seed for this model with the given LoRA and salt (LRU-cached, when short)."""
+        if len(lora_name or "") + len(cache_salt or "") > ROOT_CACHE_MAX_CHARS:
+            return root_key(self.model, lora_name, cache_salt)  # costs what hashing the key would
         key = (lora_name, cache_salt)
         root = self._roots.touch(key)
         if root is None:

@@ -42,6 +42,10 @@ from kvindex.types import Bound
 
 DEFAULT_CAPACITY = 50_000  # words; ~200 B each with its ids (10 MB at most)
 WORD_BYTES = 200  # a word, its ids' tuple and its dict slot (CPython 3.11)
+# A "word" is a run the pattern matches (letters, digits, punctuation, spaces) of any
+# length the client sends: only words this short are remembered, or 50,000 words of a
+# megabyte each would all stay. Longer ones are encoded each time, as new words are.
+MAX_WORD_CHARS = 32
 
 # A piece with more unknown words than this share goes to the tokenizer whole (one
 # call there is cheaper than many one-word calls, ~3 µs each).
@@ -214,6 +218,8 @@ class WordIds:
                 self._remember(word, tuple(ids[start:end]))
 
     def _remember(self, word: str, ids: tuple[int, ...]) -> None:
+        if len(word) > MAX_WORD_CHARS:
+            return
         if len(self._ids) >= self.capacity:
             self._ids.clear()
         self._ids[word] = ids

@@ -83,6 +83,33 @@ def test_keys_for_a_request_equal_a_keyer_built_with_that_lora_and_salt():
     assert plain.keys_for(TOKENS, "ad", "salt") == BlockKeyer("m", 16, "ad", "salt").keys(TOKENS)
 
 
+def test_long_client_salts_keep_no_more_than_the_roots_bound_reports():
+    """A request's ``cache_salt`` is the client's, of any length its body allows: a
+    hostile client sending a thousand salts of megabytes must not leave them all in the
+    root cache. The keys are still the definition's."""
+    import gc
+    import tracemalloc
+
+    keyer = BlockKeyer("m", 16)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(20):
+            salt = f"{i}:" + "s" * 100_000
+            assert keyer.keys_for(TOKENS, None, salt) == reference_keys("m", 16, TOKENS,
+                                                                      salt=salt)  # fmt: skip
+        del salt  # the test's own reference to the last one
+        gc.collect()
+        retained = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    bound = keyer.bound()
+    assert retained <= bound.size * bound.bytes_each + 4096  # 2 MB of salts before the fix
+    assert keyer.keys_for(TOKENS, "ad", "short") == reference_keys("m", 16, TOKENS, "ad", "short")
+    assert keyer.bound().size == bound.size + 1  # short ones are still remembered
+
+
 def test_chain_continues_from_a_parent_key():
     keyer = BlockKeyer("m", 16)
     whole = keyer.keys(TOKENS)

@@ -109,3 +109,35 @@ def test_the_cache_is_bounded_and_mostly_new_text_is_encoded_whole(monkeypatch) 
 
     # after ~200 words known, new text is looked up one piece in EXPLORE_EVERY
     assert words.whole >= 300 - 200 // 40 - 300 // words_module.EXPLORE_EVERY - 2
+
+
+def test_long_words_a_client_sends_are_encoded_but_not_kept() -> None:
+    """A "word" is a run of letters (or digits, punctuation, spaces) as long as the
+    client makes it: 50,000 cached words of a megabyte each would stay in memory.
+    What the cache holds stays within what its bound reports a word costs."""
+    import gc
+    import tracemalloc
+
+    tok = _shape("llama3")
+    words = WordIds(tok, ascii_pattern(json.loads(tok.to_str())))
+    rng = random.Random(0)
+
+    def whole(pieces):
+        return [e.ids for e in tok.encode_batch(pieces, add_special_tokens=False)]
+
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(10):
+            long_word = "".join(rng.choices(string.ascii_letters, k=20_000))
+            for piece in (long_word, f"the cat sat on {long_word} mat {i}"):
+                for _ in range(2):  # cold, then from the words it keeps
+                    assert words.encode([piece], whole) == whole([piece])
+        del long_word, piece  # the test's own references to the last ones
+        gc.collect()
+        retained = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert retained <= words.bound().size * words.bound().bytes_each + 4096  # 4 MB before
+    assert 0 < len(words) < 40  # the short words, learnt
