@@ -163,7 +163,7 @@ async def bounds(request: Request) -> Response:
     and open file descriptors (``kvgate bench soak`` samples this every minute)."""
     gw = _admin(request)
     structures = {**gw.kv.bounds(), **gw.router.core.bounds(), **gw.registry.bounds(),
-                  **gw.scale.bounds(), **gw.upstream.bounds()}  # fmt: skip
+                  **gw.scale.bounds(), **gw.upstream.bounds(), **gw.in_flight.bounds()}  # fmt: skip
     if gw.admission is not None:
         structures.update(gw.admission.bounds())
     return JSONResponse(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from typing import Any
+from typing import Any, Protocol
 
 from gateway.errors import ErrorStyle, GatewayError
 
@@ -26,14 +26,28 @@ def header_map(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
 
 
+class BodyCharge(Protocol):
+    def charge(self, n: int) -> None: ...
+
+
 async def read_body(
-    receive: Receive, headers: dict[str, str], limit: int, timeout_s: float | None
+    receive: Receive,
+    headers: dict[str, str],
+    limit: int,
+    timeout_s: float | None,
+    hold: BodyCharge | None = None,
 ) -> bytes:
     """The whole request body: 413 as soon as it is known to exceed ``limit``, 408 if it
-    does not arrive within ``timeout_s`` (a slow client must not hold a slot forever)."""
+    does not arrive within ``timeout_s`` (a slow client must not hold a slot forever).
+    ``hold`` is charged its bytes before they are read: a declared length at once, else
+    each chunk as it comes (``gateway.in_flight``; it raises to refuse them)."""
     declared = headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    length = int(declared) if declared is not None and declared.isdigit() else None
+    if length is not None and length > limit:
         raise GatewayError(413, f"request body exceeds the {limit}-byte limit", code="too_large")
+    if hold is not None and length is not None:
+        hold.charge(length)
+        hold = None  # the server reads no more than the declared length
     body = bytearray()
     try:
         async with asyncio.timeout(timeout_s):
@@ -41,7 +55,10 @@ async def read_body(
                 message = await receive()
                 if message["type"] == "http.disconnect":
                     raise ClientLeft
-                body += message.get("body", b"")
+                chunk = message.get("body", b"")
+                if hold is not None:
+                    hold.charge(len(chunk))
+                body += chunk
                 if len(body) > limit:
                     raise GatewayError(
                         413, f"request body exceeds the {limit}-byte limit", code="too_large"

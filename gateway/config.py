@@ -329,6 +329,12 @@ class Settings(BaseSettings):
     stream_headers_early: bool = False
     max_body_bytes: int = 8 * 1024 * 1024
     max_header_bytes: int = 64 * 1024  # request line + headers; above: 431
+    # Requests this process serves at once, and the bytes of their bodies (each held
+    # whole until its answer ends); past either a request is answered 503 with
+    # Retry-After, so what many clients send cannot grow memory without bound
+    # (gateway/in_flight.py). Per worker process with --workers.
+    max_requests_in_flight: int = Field(default=4096, ge=1)
+    max_body_bytes_in_flight: int = Field(default=256 * 1024 * 1024, ge=1)
     timeouts: Timeouts = Field(default_factory=Timeouts)
     health: HealthSettings = Field(default_factory=HealthSettings)
     lora: LoraSettings = Field(default_factory=LoraSettings)
@@ -359,6 +365,11 @@ class Settings(BaseSettings):
             )
         if admin.port is not None and admin.port == self.port:
             raise ValueError("admin.port must differ from port")
+        if self.max_body_bytes_in_flight < self.max_body_bytes:
+            raise ValueError(
+                "max_body_bytes_in_flight must be at least max_body_bytes, or a request "
+                "of the largest size allowed would always be refused"
+            )
         overlap = set(admin.api_keys) & set(self.api_keys)
         if overlap:
             raise ValueError("an admin key must not also be a client key")

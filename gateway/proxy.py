@@ -52,6 +52,7 @@ from gateway.asgi import (
 from gateway.auth import key_matches
 from gateway.config import Settings
 from gateway.errors import ErrorStyle, GatewayError, sse_error_event
+from gateway.in_flight import InFlight, RequestHold, limits_of
 from gateway.metrics import GatewayMetrics
 from gateway.openai_body import JSON, Kind, ParsedRequest, parse_body
 from gateway.pods import Pod, PodRegistry
@@ -97,8 +98,13 @@ class Proxy:
         metrics: GatewayMetrics,
         admission: Admission | None = None,
         tracing: Tracing | None = None,
+        in_flight: InFlight | None = None,
     ) -> None:
         self._s = settings
+        # The bounds on requests in flight: limits from these settings, counts shared
+        # with the proxies of earlier and later settings (``gateway.in_flight``).
+        self._limits = limits_of(settings)
+        self._in_flight = in_flight if in_flight is not None else InFlight(self._limits)
         self._upstream = upstream
         self._registry = registry
         self._router = router
@@ -128,11 +134,14 @@ class Proxy:
         model = ""
         attempts: list[Attempt] = []  # each records its own outcome, exactly once
         watch: DisconnectWatch | None = None
+        hold: RequestHold | None = None
         try:
+            hold = self._in_flight.enter(self._limits)
             with span("kvgate.parse"):
                 raw = await read_body(
-                    receive, headers, self._s.max_body_bytes, self._s.timeouts.client_body_s
-                )
+                    receive, headers, self._s.max_body_bytes, self._s.timeouts.client_body_s,
+                    hold,
+                )  # fmt: skip
                 parsed = parse_body(raw, kind, headers.get("content-type", JSON))
                 self._tenancy.apply(parsed, headers)
                 model = await self._resolve_model(parsed)
@@ -157,6 +166,8 @@ class Proxy:
         finally:
             if watch is not None:
                 watch.stop()
+            if hold is not None:
+                hold.close()
 
     def _count_unrouted(self, model: str, status: int) -> None:
         strategy = self._router.strategy_for(model).name if model else ""

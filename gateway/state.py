@@ -23,6 +23,7 @@ from gateway import heap
 from gateway.admission import Admission, AdmissionMetrics
 from gateway.config import PodConfig, Settings, SettingsSource
 from gateway.discovery import DiscoveryMetrics, PodDiscovery, RegistrySink
+from gateway.in_flight import InFlight, limits_of
 from gateway.kv import KvIndex
 from gateway.loop_lag import LoopLagMonitor
 from gateway.metrics import GatewayMetrics
@@ -56,6 +57,7 @@ class Gateway:
     # metrics summed (Prometheus's multiprocess mode).
     exposition: CollectorRegistry
     upstream: Upstream
+    in_flight: InFlight  # requests being served and their bodies' bytes, across reloads
     admission: Admission | None = None  # admission.enabled
     tracing: Tracing | None = None  # tracing.enabled
     reloader: Reloader | None = None  # None: no settings source to reload from
@@ -82,7 +84,7 @@ class Gateway:
         refollow = self.kv.use_settings(new, tokenizers)
         self.admission = self._admission_for(new)
         self.proxy = Proxy(new, self.upstream, self.registry, self.router, self.metrics,
-                           self.admission, self.tracing)  # fmt: skip
+                           self.admission, self.tracing, self.in_flight)  # fmt: skip
         if new.log_level != old.log_level:
             logging.getLogger().setLevel(new.log_level.upper())
         await self._apply_pods(old.pods, new.pods)
@@ -174,7 +176,9 @@ async def running_gateway(
                                   AdmissionMetrics(prometheus))  # fmt: skip
             registry.on_admit(admission.pod_admitted)
         tracing = Tracing(settings.tracing) if settings.tracing.enabled else None
-        proxy = Proxy(settings, upstream, registry, router, metrics, admission, tracing)
+        in_flight = InFlight(limits_of(settings))
+        proxy = Proxy(settings, upstream, registry, router, metrics, admission, tracing,
+                      in_flight)  # fmt: skip
         exposition = prometheus
         if worker is not None:
             from prometheus_client import multiprocess
@@ -182,7 +186,7 @@ async def running_gateway(
             exposition = CollectorRegistry()
             multiprocess.MultiProcessCollector(exposition, path=worker.metrics_dir)
         gw = Gateway(settings, registry, router, proxy, metrics, prometheus, client, kv, scale,
-                     exposition, upstream, admission, tracing,
+                     exposition, upstream, in_flight, admission, tracing,
                      admission_control=admission)  # fmt: skip
         if source is not None:
             gw.reloader = Reloader(gw, source, ReloadMetrics(prometheus))
