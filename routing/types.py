@@ -84,6 +84,7 @@ class Reason:
     """Label values for ``kvgate_routing_decisions_total{reason=...}``."""
 
     ROTATION = "rotation"
+    RANDOM = "random"
     LEAST_LOADED = "least_loaded"
     CACHE_HIT = "cache_hit"
     LOAD_SPILL = "load_spill"

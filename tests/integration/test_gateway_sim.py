@@ -229,3 +229,16 @@ def test_promtool_finds_no_problems_in_metrics(gateway):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == "" and result.stderr.strip() == ""
+
+
+@pytest.mark.parametrize("strategy", ["random", "power-of-two"])
+def test_the_peers_load_only_policies_route_through_the_gateway(fleet, strategy):
+    with run_gateway([(p.name, p.url) for p in fleet], strategy=strategy) as url:
+        pods = []
+        for _ in range(20):
+            raw = client(url).chat.completions.with_raw_response.create(
+                model=MODEL, messages=USER, max_tokens=2
+            )
+            assert raw.headers["x-kvgate-strategy"] == strategy
+            pods.append(raw.headers["x-kvgate-pod"])
+        assert set(pods) == {p.name for p in fleet}  # both pods, 2 x 0.5**20 odds otherwise

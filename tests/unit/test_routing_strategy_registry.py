@@ -8,7 +8,10 @@ from routing.strategy_set import StrategySet
 
 
 def test_every_strategy_and_hyperpod_alias_resolves():
-    assert available() == ["kv-aware", "least-loaded", "prefix-aware", "round-robin", "session"]
+    assert available() == [
+        "kv-aware", "least-loaded", "power-of-two", "prefix-aware", "random", "round-robin",
+        "session",
+    ]  # fmt: skip
     names = {
         "roundrobin": "round-robin",
         "prefixaware": "prefix-aware",
