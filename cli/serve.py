@@ -30,7 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=URL[,events=tcp://H:P][,replay=tcp://H:P][,models=a|b]",
         help="an upstream pod; repeat for each pod",
     )
-    parser.add_argument("--strategy", help="routing strategy (round-robin, least-loaded, power-of-two, random, session, prefix-aware, kv-aware)")
+    parser.add_argument(
+        "--strategy",
+        help="routing strategy (round-robin, least-loaded, power-of-two, random, session, "
+        "prefix-aware, kv-aware)",
+    )
     parser.add_argument(
         "--workers",
         type=int,
