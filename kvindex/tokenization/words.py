@@ -40,12 +40,16 @@ from kvindex.tokenization.pretokenizers import (
 )
 from kvindex.types import Bound
 
-DEFAULT_CAPACITY = 50_000  # words; ~200 B each with its ids (10 MB at most)
-WORD_BYTES = 200  # a word, its ids' tuple and its dict slot (CPython 3.11)
+DEFAULT_CAPACITY = 50_000  # words (24 MB at most, ~10 MB with typical words)
 # A "word" is a run the pattern matches (letters, digits, punctuation, spaces) of any
-# length the client sends: only words this short are remembered, or 50,000 words of a
-# megabyte each would all stay. Longer ones are encoded each time, as new words are.
+# length the client sends: only words this short, and of this few ids, are remembered,
+# or 50,000 words of a megabyte each would all stay. Others are encoded each time, as
+# new words are (natural text's words are a few characters and one to three ids).
 MAX_WORD_CHARS = 32
+MAX_WORD_IDS = 8
+# A remembered word at both limits, its ids' tuple and its dict slot: the worst case
+# (tracemalloc, CPython 3.11: 479 B; a typical word ~200 B).
+WORD_BYTES = 480
 
 # A piece with more unknown words than this share goes to the tokenizer whole (one
 # call there is cheaper than many one-word calls, ~3 µs each).
@@ -218,7 +222,7 @@ class WordIds:
                 self._remember(word, tuple(ids[start:end]))
 
     def _remember(self, word: str, ids: tuple[int, ...]) -> None:
-        if len(word) > MAX_WORD_CHARS:
+        if len(word) > MAX_WORD_CHARS or len(ids) > MAX_WORD_IDS:
             return
         if len(self._ids) >= self.capacity:
             self._ids.clear()
