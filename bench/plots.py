@@ -133,17 +133,21 @@ def write_plots(cells: list[Cell], out_dir: Path) -> dict[str, list[Path]]:
 
 def scale_plots(rows: list[Any], out_dir: Path) -> list[Path]:
     """Per workload and tiers: TTFT p90 and cached share against the number of replicas,
-    one line per way of sharing state (``bench.scaleout.ScaleRow`` rows)."""
+    one line per way of sharing state (and per router when there are several;
+    ``bench.scaleout.ScaleRow`` rows)."""
     made = []
     for workload, tiers in dict.fromkeys((r.workload, r.tiers) for r in rows):
         group = [r for r in rows if (r.workload, r.tiers) == (workload, tiers)]
+        routers = list(dict.fromkeys(r.router for r in group))
         fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2))
-        for sharing in dict.fromkeys(r.sharing for r in group):
+        for router, sharing in dict.fromkeys((r.router, r.sharing) for r in group):
             points = sorted((r.gateways, r.ttft_p90_ms, r.cached) for r in group
-                            if r.sharing == sharing and r.ttft_p90_ms is not None)  # fmt: skip
+                            if (r.router, r.sharing) == (router, sharing)
+                            and r.ttft_p90_ms is not None)  # fmt: skip
             xs = [p[0] for p in points]
-            left.plot(xs, [p[1] for p in points], marker="o", label=sharing)
-            right.plot(xs, [100 * (p[2] or 0) for p in points], marker="o", label=sharing)
+            label = sharing if len(routers) == 1 else f"{router}, {sharing}"
+            left.plot(xs, [p[1] for p in points], marker="o", label=label)
+            right.plot(xs, [100 * (p[2] or 0) for p in points], marker="o", label=label)
         left.set_xlabel("gateway replicas")
         left.set_ylabel("TTFT p90 (ms, median over seeds)")
         right.set_xlabel("gateway replicas")
@@ -152,7 +156,7 @@ def scale_plots(rows: list[Any], out_dir: Path) -> list[Path]:
             ax.set_xscale("log", base=2)
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=8)
-        fig.suptitle(f"{workload} ({tiers}): kv-aware over N replicas")
+        fig.suptitle(f"{workload} ({tiers}): {' / '.join(routers)} over N replicas")
         fig.tight_layout()
         path = out_dir / f"scaleout_{slug(workload, tiers)}.png"
         fig.savefig(path, dpi=110)

@@ -36,10 +36,11 @@ SHARING = ("memory", "redis")
 
 @dataclass(frozen=True)
 class ScaleRow:
-    """One (workload, tiers, sharing, N) over its seeds."""
+    """One (workload, tiers, router, sharing, N) over its seeds."""
 
     workload: str
     tiers: str
+    router: str
     sharing: str
     gateways: int
     seeds: int
@@ -58,18 +59,19 @@ def _median(cells: list[Cell], get: Callable[[Cell], float | None]) -> float | N
 
 
 def summarize_scale(cells: list[Cell], sharing_of: Callable[[Cell], str]) -> list[ScaleRow]:
-    groups: dict[tuple[str, str, str, int], list[Cell]] = {}
+    groups: dict[tuple[str, str, str, str, int], list[Cell]] = {}
     for c in cells:
-        groups.setdefault((c.workload, c.tiers, sharing_of(c), c.gateways), []).append(c)
+        key = (c.workload, c.tiers, c.router, sharing_of(c), c.gateways)
+        groups.setdefault(key, []).append(c)
     rows = []
-    for (workload, tiers, sharing, n), group in groups.items():
+    for (workload, tiers, router, sharing, n), group in groups.items():
         ran = [c for c in group if c.summary is not None]
         by_p90 = sorted(ran, key=lambda c: c.summary.ttft_p90_ms)  # type: ignore[union-attr]
         mid = by_p90[len(by_p90) // 2] if by_p90 else None
         rss = [r for c in ran for r in c.gateway_rss_mib]
         rows.append(
             ScaleRow(
-                workload, tiers, sharing, n, len(ran),
+                workload, tiers, router, sharing, n, len(ran),
                 _median(ran, lambda c: c.summary.cached_ratio),  # type: ignore[union-attr]
                 _median(ran, lambda c: c.summary.ttft_p50_ms),  # type: ignore[union-attr]
                 _median(ran, lambda c: c.summary.ttft_p90_ms),  # type: ignore[union-attr]
@@ -86,6 +88,7 @@ def summarize_scale(cells: list[Cell], sharing_of: Callable[[Cell], str]) -> lis
 class Verdict:
     workload: str
     tiers: str
+    router: str
     gateways: int
     cached_points: float  # N shared minus one replica, percentage points
     p90_ratio: float  # N shared / one replica
@@ -97,18 +100,18 @@ class Verdict:
 
 
 def verdicts(rows: list[ScaleRow], baseline_sharing: str = "redis") -> list[Verdict]:
-    """Every N > 1 sharing Redis against one replica (same workload and tiers)."""
-    base = {(r.workload, r.tiers): r for r in rows
+    """Every N > 1 sharing Redis against one replica (same workload, tiers and router)."""
+    base = {(r.workload, r.tiers, r.router): r for r in rows
             if r.gateways == 1 and r.sharing == baseline_sharing}  # fmt: skip
     out = []
     for r in rows:
-        one = base.get((r.workload, r.tiers))
+        one = base.get((r.workload, r.tiers, r.router))
         if r.sharing != "redis" or r.gateways == 1 or one is None:
             continue
         if None in (r.cached, one.cached, r.ttft_p90_ms, one.ttft_p90_ms) or not one.ttft_p90_ms:
             continue
         points = (r.cached - one.cached) * 100  # type: ignore[operator]
-        out.append(Verdict(r.workload, r.tiers, r.gateways, points,
+        out.append(Verdict(r.workload, r.tiers, r.router, r.gateways, points,
                            r.ttft_p90_ms / one.ttft_p90_ms))  # type: ignore[operator]  # fmt: skip
     return out
 
@@ -117,28 +120,29 @@ def _fmt(v: float | None, pattern: str) -> str:
     return "n/a" if v is None else pattern.format(v)
 
 
-SCALE_COLUMNS = ("workload", "tiers", "sharing", "replicas", "seeds", "cached", "TTFT p50 ms",
-                 "TTFT p90 ms", "errors", "requests per replica", "RSS per replica MiB",
-                 "Redis MiB")  # fmt: skip
+SCALE_COLUMNS = ("workload", "tiers", "router", "sharing", "replicas", "seeds", "cached",
+                 "TTFT p50 ms", "TTFT p90 ms", "errors", "requests per replica",
+                 "RSS per replica MiB", "Redis MiB")  # fmt: skip
 
 
 def scale_rows(rows: list[ScaleRow]) -> list[list[str]]:
-    ordered = sorted(rows, key=lambda r: (r.workload, r.tiers, r.sharing, r.gateways))
+    ordered = sorted(rows, key=lambda r: (r.workload, r.tiers, r.router, r.sharing, r.gateways))
     return [
-        [r.workload, r.tiers, r.sharing, str(r.gateways), str(r.seeds), _fmt(r.cached, "{:.1%}"),
-         _fmt(r.ttft_p50_ms, "{:.0f}"), _fmt(r.ttft_p90_ms, "{:.0f}"), str(r.errors),
+        [r.workload, r.tiers, r.router, r.sharing, str(r.gateways), str(r.seeds),
+         _fmt(r.cached, "{:.1%}"), _fmt(r.ttft_p50_ms, "{:.0f}"), _fmt(r.ttft_p90_ms, "{:.0f}"),
+         str(r.errors),
          " / ".join(map(str, r.per_gateway)), _fmt(r.rss_mib, "{:.0f}"),
          _fmt(r.redis_mib, "{:.1f}")]
         for r in ordered
     ]  # fmt: skip
 
 
-VERDICT_COLUMNS = ("workload", "tiers", "replicas", "cached vs 1 replica", "TTFT p90 vs 1 replica",
-                   "within 2 points and 10%")  # fmt: skip
+VERDICT_COLUMNS = ("workload", "tiers", "router", "replicas", "cached vs 1 replica",
+                   "TTFT p90 vs 1 replica", "within 2 points and 10%")  # fmt: skip
 
 
 def verdict_rows(vs: list[Verdict]) -> list[list[str]]:
-    return [[v.workload, v.tiers, str(v.gateways), f"{v.cached_points:+.1f} points",
+    return [[v.workload, v.tiers, v.router, str(v.gateways), f"{v.cached_points:+.1f} points",
              f"{v.p90_ratio:.2f}x", "yes" if v.holds else "no"] for v in vs]  # fmt: skip
 
 
@@ -192,7 +196,8 @@ def run_scaleout(
 def _print_cell(cell: Cell, mode: str, seed: int, console: Console) -> None:
     from bench.quick import print_cell
 
-    where = f"{cell.workload:7} {cell.tiers:5} {mode:6} x{cell.gateways:<2} seed {seed}"
+    where = f"{cell.workload:7} {cell.tiers:5} {cell.router:13} {mode:6} x{cell.gateways:<2}"
+    where += f" seed {seed}"
     print_cell(cell, console, where, f"per replica {cell.per_gateway}  ")
 
 
