@@ -23,13 +23,14 @@ tens of thousands of typical ones.
 
 The limits come with the proxy's settings (a reload builds a new proxy, and new
 requests meet the new limits); the counts live here, one object for the process, so
-that requests admitted before a reload stay counted after it. Refused requests are
-counted as ``kvgate_requests_total{status="503"}`` like every request answered
-before a pod was chosen.
+that requests admitted before a reload stay counted after it. A refused request is
+counted by ``kvgate_requests_refused_total{bound}`` and, like every request answered
+before a pod was chosen, as ``kvgate_requests_total{status="503"}``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.config import Settings
@@ -68,7 +69,7 @@ class RequestHold:
         """Hold ``n`` more body bytes; 503 (nothing charged) if that passes the bound."""
         counts = self._counts
         if counts.body_bytes + n > self._limit:
-            counts.refused_bytes += 1
+            counts.on_refused("body_bytes")
             raise _full(f"request bodies in flight would pass {self._limit} bytes")
         counts.body_bytes += n
         self.charged += n
@@ -85,18 +86,21 @@ class RequestHold:
 class InFlight:
     """The process's requests in flight and the body bytes they hold."""
 
-    def __init__(self, limits: InFlightLimits) -> None:
+    def __init__(
+        self, limits: InFlightLimits, on_refused: Callable[[str], None] | None = None
+    ) -> None:
+        """``on_refused``: called with the bound a request was refused at, "requests" or
+        "body_bytes" (``kvgate_requests_refused_total``)."""
         self.requests = 0
         self.body_bytes = 0
-        self.refused_requests = 0  # answered 503 at the count's bound
-        self.refused_bytes = 0  # answered 503 at the bytes' bound
+        self.on_refused = on_refused or (lambda bound: None)
         self._last = limits  # the limits last admitted under (for bounds)
 
     def enter(self, limits: InFlightLimits) -> RequestHold:
         """Admit one request, or 503 if ``limits.max_requests`` are being served."""
         self._last = limits
         if self.requests >= limits.max_requests:
-            self.refused_requests += 1
+            self.on_refused("requests")
             raise _full(f"{limits.max_requests} requests are being served")
         self.requests += 1
         return RequestHold(self, limits.max_body_bytes)

@@ -109,6 +109,15 @@ class GatewayMetrics:
                 registry=registry,
             )
         )
+        self.refused = CachedLabels(
+            Counter(
+                "kvgate_requests_refused",
+                "Requests answered 503 at a bound on requests in flight: 'requests' (their "
+                "number) or 'body_bytes' (the bodies they hold).",
+                ["bound"],
+                registry=registry,
+            )
+        )
         self.retries = CachedLabels(
             Counter(
                 "kvgate_retries",

@@ -176,7 +176,7 @@ async def running_gateway(
                                   AdmissionMetrics(prometheus))  # fmt: skip
             registry.on_admit(admission.pod_admitted)
         tracing = Tracing(settings.tracing) if settings.tracing.enabled else None
-        in_flight = InFlight(limits_of(settings))
+        in_flight = InFlight(limits_of(settings), lambda bound: metrics.refused.labels(bound).inc())
         proxy = Proxy(settings, upstream, registry, router, metrics, admission, tracing,
                       in_flight)  # fmt: skip
         exposition = prometheus

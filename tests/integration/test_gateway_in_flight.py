@@ -76,6 +76,8 @@ def test_a_request_past_the_count_is_503_with_retry_after_then_admitted_again(hu
     for thread in threads:
         thread.join()
     assert finished == [504, 504, 504]  # the admitted ones ran their course untouched
+    metrics = httpx.get(f"{gw}/metrics").text
+    assert 'kvgate_requests_refused_total{bound="requests"} 1.0' in metrics
     assert _held(gw) == (0, 0)  # all released: the next request is admitted (and hangs)
     r = httpx.post(f"{gw}/v1/chat/completions", json=_chat(100), timeout=FIRST_BYTE_S + 10)
     assert_openai_error(r, 504)
@@ -107,6 +109,8 @@ def test_a_body_past_the_bytes_bound_is_503_and_a_smaller_one_still_fits(hung):
     second.join()
     assert finished == [504, 504]
     assert _held(gw) == (0, 0)
+    metrics = httpx.get(f"{gw}/metrics").text
+    assert 'kvgate_requests_refused_total{bound="body_bytes"} 2.0' in metrics
 
 
 def test_a_bound_on_bodies_below_the_body_limit_is_refused():
