@@ -75,8 +75,10 @@ async def test_a_speculation_by_one_worker_is_in_the_others_index_at_its_next_lo
 
 async def test_a_speculation_drained_after_its_ttl_is_dropped(workers):
     a, b = workers
-    a.peers.endpoint.publish(1, encode_speculation("pod-x", KEYS, time.monotonic() - 0.01))
+    late = encode_speculation("pod-x", KEYS, time.monotonic() - 0.01)
+    a.peers.endpoint.publish(siblings.SPECULATE, late)
     await b.peers.settle(KEYS)
+    assert (b.peers.endpoint.received, b.peers.endpoint.bad) == (1, 0)  # handled, not lost
     assert (await b.store.match(KEYS, 16)).pods == {}
 
 
