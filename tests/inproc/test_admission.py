@@ -145,7 +145,8 @@ async def test_a_per_model_slo_applies_when_the_request_names_none(pod_a):
     models = {MODEL: {"ttft_slo_ms": 100}}
     async with inproc_gateway(pod_a, strategy="kv-aware", admission={"enabled": True},
                               models=models) as g:  # fmt: skip
-        assert (await g.client.post("/v1/completions", json=body)).status_code == 429
+        r = await g.client.post("/v1/completions", json=body)
+        assert (r.status_code, r.json()["error"]["code"]) == (429, "slo")  # shed by the SLO
         assert pod_a.received == []
 
 

@@ -83,6 +83,8 @@ def test_a_pod_whose_tokenize_hangs_delays_requests_only_by_the_tokenize_timeout
         assert max(took) < 8.0
         metrics = httpx.get(f"{gw}/metrics").text
         assert metric_value(metrics, "kvgate_tokenize_failures_total") == 0  # failed over
+        fired = httpx.get(f"{pods[0].url}/sim/state").json()["faults"]["fired"]
+        assert fired.get("hang_tokenize", 0) >= 1  # the hung pod was asked, and timed out
 
 
 def test_a_client_leaving_a_non_streamed_request_cancels_it_on_the_pod():
