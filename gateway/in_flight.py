@@ -59,7 +59,7 @@ class RequestHold:
 
     __slots__ = ("_counts", "_limit", "charged", "_open")
 
-    def __init__(self, counts: InFlight, limit: int) -> None:
+    def __init__(self, counts: InFlightBounds, limit: int) -> None:
         self._counts = counts
         self._limit = limit
         self.charged = 0
@@ -83,7 +83,7 @@ class RequestHold:
             self.charged = 0
 
 
-class InFlight:
+class InFlightBounds:
     """The process's requests in flight and the body bytes they hold."""
 
     def __init__(

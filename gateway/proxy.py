@@ -52,7 +52,7 @@ from gateway.asgi import (
 from gateway.auth import key_matches
 from gateway.config import Settings
 from gateway.errors import ErrorStyle, GatewayError, sse_error_event
-from gateway.in_flight import InFlight, RequestHold, limits_of
+from gateway.in_flight import InFlightBounds, RequestHold, limits_of
 from gateway.metrics import GatewayMetrics
 from gateway.openai_body import JSON, Kind, ParsedRequest, parse_body
 from gateway.pods import Pod, PodRegistry
@@ -98,13 +98,13 @@ class Proxy:
         metrics: GatewayMetrics,
         admission: Admission | None = None,
         tracing: Tracing | None = None,
-        in_flight: InFlight | None = None,
+        in_flight: InFlightBounds | None = None,
     ) -> None:
         self._s = settings
         # The bounds on requests in flight: limits from these settings, counts shared
         # with the proxies of earlier and later settings (``gateway.in_flight``).
         self._limits = limits_of(settings)
-        self._in_flight = in_flight if in_flight is not None else InFlight(self._limits)
+        self._in_flight = in_flight if in_flight is not None else InFlightBounds(self._limits)
         self._upstream = upstream
         self._registry = registry
         self._router = router

@@ -23,7 +23,7 @@ from gateway import heap
 from gateway.admission import Admission, AdmissionMetrics
 from gateway.config import PodConfig, Settings, SettingsSource
 from gateway.discovery import DiscoveryMetrics, PodDiscovery, RegistrySink
-from gateway.in_flight import InFlight, limits_of
+from gateway.in_flight import InFlightBounds, limits_of
 from gateway.kv import KvIndex
 from gateway.loop_lag import LoopLagMonitor
 from gateway.metrics import GatewayMetrics
@@ -57,7 +57,7 @@ class Gateway:
     # metrics summed (Prometheus's multiprocess mode).
     exposition: CollectorRegistry
     upstream: Upstream
-    in_flight: InFlight  # requests being served and their bodies' bytes, across reloads
+    in_flight: InFlightBounds  # requests being served and their bodies' bytes, across reloads
     admission: Admission | None = None  # admission.enabled
     tracing: Tracing | None = None  # tracing.enabled
     reloader: Reloader | None = None  # None: no settings source to reload from
@@ -176,7 +176,9 @@ async def running_gateway(
                                   AdmissionMetrics(prometheus))  # fmt: skip
             registry.on_admit(admission.pod_admitted)
         tracing = Tracing(settings.tracing) if settings.tracing.enabled else None
-        in_flight = InFlight(limits_of(settings), lambda bound: metrics.refused.labels(bound).inc())
+        in_flight = InFlightBounds(
+            limits_of(settings), lambda bound: metrics.refused.labels(bound).inc()
+        )
         proxy = Proxy(settings, upstream, registry, router, metrics, admission, tracing,
                       in_flight)  # fmt: skip
         exposition = prometheus
