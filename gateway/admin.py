@@ -39,6 +39,7 @@ def admin_routes() -> list[Route]:
         Route("/admin/index/stats", index_stats, methods=["GET"]),
         Route("/admin/index/lookup", index_lookup, methods=["POST"]),
         Route("/admin/bounds", bounds, methods=["GET"]),
+        Route("/admin/pods", pods, methods=["GET"]),
         Route("/admin/reload", reload, methods=["POST"]),
     ]
 
@@ -156,6 +157,33 @@ async def reload(request: Request) -> Response:
     if result.result == "rejected":
         return JSONResponse({**body, "reason": result.reason}, status_code=422)
     return JSONResponse(body)
+
+
+async def pods(request: Request) -> Response:
+    """Every pod this worker knows, as routing sees it now (sglang-router's and
+    vllm-router's worker listing): whether it is in rotation, the models and adapters it
+    serves, the requests routers have in flight on it (with ``--workers`` or shared load,
+    every worker's and replica's), and the queue gauges last scraped from it."""
+    gw = _admin(request)
+    load = gw.router.core.load
+    listed = []
+    for pod in sorted(gw.registry.all(), key=lambda p: p.name):
+        counts, engine = load.get(pod.name), pod.engine
+        listed.append({
+            "name": pod.name,
+            "url": pod.url,
+            "healthy": pod.healthy,
+            "models": sorted(pod.models),
+            "in_flight": counts.in_flight,
+            "prefilling": counts.prefilling,
+            "prefill_tokens": counts.prefill_tokens,
+            "engine": {"waiting": engine.waiting, "running": engine.running,
+                       "kv_usage": engine.kv_usage,
+                       "kv_capacity_blocks": engine.kv_capacity_blocks},
+            "failed_probes": pod.failed_probes,
+            "failed_requests": pod.failed_requests,
+        })  # fmt: skip
+    return JSONResponse({"pods": listed})
 
 
 async def bounds(request: Request) -> Response:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import httpx
 import msgspec
+import openai
 import pytest
 
 from bench.gateway_proc import run_gateway
@@ -56,7 +57,7 @@ def locked(fleet):
 
 
 ADMIN_PATHS = [("GET", "/admin/index/stats"), ("POST", "/admin/index/lookup"),
-               ("POST", "/admin/kv-events?pod=sim-0")]  # fmt: skip
+               ("POST", "/admin/kv-events?pod=sim-0"), ("GET", "/admin/pods")]  # fmt: skip
 
 
 @pytest.mark.parametrize(("method", "path"), ADMIN_PATHS)
@@ -76,6 +77,19 @@ def test_only_an_admin_key_opens_the_admin_listener(locked, method, path, header
 def test_an_admin_key_reads_the_index(locked):
     r = httpx.get(f"{locked.admin}/admin/index/stats", headers=ADMIN)
     assert r.status_code == 200 and r.json()["backend"] == "memory"
+
+
+def test_an_admin_key_lists_the_pods_as_routing_sees_them(locked, fleet):
+    client = openai.OpenAI(base_url=f"{locked}/v1", api_key="sk-client", max_retries=0)
+    stream = client.chat.completions.create(**_chat("who?", max_tokens=2000), stream=True)
+    next(iter(stream))  # a request in flight until the stream is read to its end
+    listed = httpx.get(f"{locked.admin}/admin/pods", headers=ADMIN).json()["pods"]
+    stream.close()
+    assert [(p["name"], p["url"], p["healthy"], p["models"]) for p in listed] == [
+        (pod.name, pod.url, True, [MODEL]) for pod in fleet
+    ]
+    assert sum(p["in_flight"] for p in listed) == 1
+    assert all(p["engine"]["kv_capacity_blocks"] > 0 for p in listed)  # scraped
 
 
 def test_a_pod_posts_its_own_events_with_its_events_key_and_no_other_pods(locked, fleet):
