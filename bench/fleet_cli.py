@@ -61,7 +61,7 @@ def add_quick(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "quick",
         help="the quick fleet benchmark: RAG + shared-prefix, round-robin vs kv-aware vs "
-        "sglang-router and vllm-router, ~9 minutes on 2 cores",
+        "sglang-router and vllm-router, ~7 minutes on 2 cores",
         description="kvgate bench fleet --preset quick (see bench/quick.py). The peers are "
         "installed on first use into ~/.cache/kvgate/peers (KVGATE_PEERS_HOME) from PyPI.",
     )
