@@ -26,6 +26,7 @@ from gateway.apis import CACHE_ROUTED
 from gateway.auth import bearer_token, key_matches
 from gateway.errors import GatewayError
 from gateway.http_limits import read_limited
+from gateway.in_flight import limits_of
 from gateway.openai_body import parse_body
 from kvindex.events.http_ingest import BadEventsBody
 
@@ -191,7 +192,8 @@ async def bounds(request: Request) -> Response:
     and open file descriptors (``kvgate bench soak`` samples this every minute)."""
     gw = _admin(request)
     structures = {**gw.kv.bounds(), **gw.router.core.bounds(), **gw.registry.bounds(),
-                  **gw.scale.bounds(), **gw.upstream.bounds(), **gw.in_flight.bounds()}  # fmt: skip
+                  **gw.scale.bounds(), **gw.upstream.bounds(),
+                  **gw.in_flight.bounds(limits_of(gw.settings))}  # fmt: skip
     if gw.admission is not None:
         structures.update(gw.admission.bounds())
     return JSONResponse(

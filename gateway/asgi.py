@@ -45,9 +45,9 @@ async def read_body(
     length = int(declared) if declared is not None and declared.isdigit() else None
     if length is not None and length > limit:
         raise GatewayError(413, f"request body exceeds the {limit}-byte limit", code="too_large")
+    per_chunk = hold if length is None else None  # a declared length is charged whole
     if hold is not None and length is not None:
-        hold.charge(length)
-        hold = None  # the server reads no more than the declared length
+        hold.charge(length)  # the server reads no more than it
     body = bytearray()
     try:
         async with asyncio.timeout(timeout_s):
@@ -56,8 +56,8 @@ async def read_body(
                 if message["type"] == "http.disconnect":
                     raise ClientLeft
                 chunk = message.get("body", b"")
-                if hold is not None:
-                    hold.charge(len(chunk))
+                if per_chunk is not None:
+                    per_chunk.charge(len(chunk))
                 body += chunk
                 if len(body) > limit:
                     raise GatewayError(

@@ -86,32 +86,28 @@ class RequestHold:
 class InFlightBounds:
     """The process's requests in flight and the body bytes they hold."""
 
-    def __init__(
-        self, limits: InFlightLimits, on_refused: Callable[[str], None] | None = None
-    ) -> None:
+    def __init__(self, on_refused: Callable[[str], None]) -> None:
         """``on_refused``: called with the bound a request was refused at, "requests" or
         "body_bytes" (``kvgate_requests_refused_total``)."""
         self.requests = 0
         self.body_bytes = 0
-        self.on_refused = on_refused or (lambda bound: None)
-        self._last = limits  # the limits last admitted under (for bounds)
+        self.on_refused = on_refused
 
     def enter(self, limits: InFlightLimits) -> RequestHold:
         """Admit one request, or 503 if ``limits.max_requests`` are being served."""
-        self._last = limits
         if self.requests >= limits.max_requests:
             self.on_refused("requests")
             raise _full(f"{limits.max_requests} requests are being served")
         self.requests += 1
         return RequestHold(self, limits.max_body_bytes)
 
-    def bounds(self) -> dict[str, Bound]:
-        """``/admin/bounds``: requests and body bytes held now, against their limits."""
+    def bounds(self, limits: InFlightLimits) -> dict[str, Bound]:
+        """``/admin/bounds``: requests and body bytes held now, against ``limits``."""
         return {
             "requests.in_flight": Bound(
-                self.requests, self._last.max_requests, "requests", REQUEST_BYTES
+                self.requests, limits.max_requests, "requests", REQUEST_BYTES
             ),
-            "requests.body_bytes": Bound(self.body_bytes, self._last.max_body_bytes, "bytes", 1),
+            "requests.body_bytes": Bound(self.body_bytes, limits.max_body_bytes, "bytes", 1),
         }
 
 

@@ -96,15 +96,15 @@ class Proxy:
         registry: PodRegistry,
         router: Router,
         metrics: GatewayMetrics,
+        in_flight: InFlightBounds,
         admission: Admission | None = None,
         tracing: Tracing | None = None,
-        in_flight: InFlightBounds | None = None,
     ) -> None:
         self._s = settings
         # The bounds on requests in flight: limits from these settings, counts shared
         # with the proxies of earlier and later settings (``gateway.in_flight``).
         self._limits = limits_of(settings)
-        self._in_flight = in_flight if in_flight is not None else InFlightBounds(self._limits)
+        self._in_flight = in_flight
         self._upstream = upstream
         self._registry = registry
         self._router = router

@@ -23,7 +23,7 @@ from gateway import heap
 from gateway.admission import Admission, AdmissionMetrics
 from gateway.config import PodConfig, Settings, SettingsSource
 from gateway.discovery import DiscoveryMetrics, PodDiscovery, RegistrySink
-from gateway.in_flight import InFlightBounds, limits_of
+from gateway.in_flight import InFlightBounds
 from gateway.kv import KvIndex
 from gateway.loop_lag import LoopLagMonitor
 from gateway.metrics import GatewayMetrics
@@ -84,7 +84,7 @@ class Gateway:
         refollow = self.kv.use_settings(new, tokenizers)
         self.admission = self._admission_for(new)
         self.proxy = Proxy(new, self.upstream, self.registry, self.router, self.metrics,
-                           self.admission, self.tracing, self.in_flight)  # fmt: skip
+                           self.in_flight, self.admission, self.tracing)  # fmt: skip
         if new.log_level != old.log_level:
             logging.getLogger().setLevel(new.log_level.upper())
         await self._apply_pods(old.pods, new.pods)
@@ -176,11 +176,9 @@ async def running_gateway(
                                   AdmissionMetrics(prometheus))  # fmt: skip
             registry.on_admit(admission.pod_admitted)
         tracing = Tracing(settings.tracing) if settings.tracing.enabled else None
-        in_flight = InFlightBounds(
-            limits_of(settings), lambda bound: metrics.refused.labels(bound).inc()
-        )
-        proxy = Proxy(settings, upstream, registry, router, metrics, admission, tracing,
-                      in_flight)  # fmt: skip
+        in_flight = InFlightBounds(lambda bound: metrics.refused.labels(bound).inc())
+        proxy = Proxy(settings, upstream, registry, router, metrics, in_flight, admission,
+                      tracing)  # fmt: skip
         exposition = prometheus
         if worker is not None:
             from prometheus_client import multiprocess
