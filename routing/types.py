@@ -180,9 +180,15 @@ class Outcome:
     cached_tokens: int | None = None
 
 
+def load_order(pod: PodView) -> tuple[int, int, int]:
+    """How loaded a pod is, for comparing: in-flight, then engine queue, then the
+    uncached prompt tokens of its requests in flight."""
+    return (pod.in_flight, pod.waiting + pod.running, pod.in_flight_prefill_tokens)
+
+
 def least_loaded_key(pod: PodView) -> tuple[int, int, int, str]:
-    """Deterministic load order: in-flight, then engine queue, then pod id."""
-    return (pod.in_flight, pod.waiting + pod.running, pod.in_flight_prefill_tokens, pod.id)
+    """Deterministic load order: ``load_order``, then pod id."""
+    return (*load_order(pod), pod.id)
 
 
 def overloaded(pod: PodView, least: PodView, abs_threshold: int, rel_threshold: float) -> bool:

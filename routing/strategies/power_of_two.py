@@ -5,9 +5,8 @@ to the one pod that looks least busy *to this gateway*; gateway replicas that ea
 count only their own requests may all find the same pod least busy at once. Two
 random choices keep most of least-loaded's balance (the classic result: the longest
 queue grows as log log n instead of log n for one random choice) while replicas that
-decide at once mostly pick different pods. Load is ``least_loaded_key``'s (in-flight at
-the gateway, then the engine's queue), without its last resort, the pod id: a tie goes
-to the pod drawn first.
+decide at once mostly pick different pods. Load is ``load_order``'s (least-loaded's
+order without its last resort, the pod id): a tie goes to the pod drawn first.
 
 Measured on the simulated fleet (``kvgate bench fleet --gateways 1,4 --routers
 least-loaded,power-of-two,round-robin --sharing memory --workloads prefix --tiers L0
@@ -25,7 +24,7 @@ from collections.abc import Sequence
 
 from kvindex.types import PrefixMatch
 from routing.strategy_registry import register
-from routing.types import Decision, PodView, Reason, RouteRequest, Strategy, least_loaded_key
+from routing.types import Decision, PodView, Reason, RouteRequest, Strategy, load_order
 
 
 @register("power-of-two", aliases=("p2c", "power-of-two-choices"))
@@ -46,9 +45,5 @@ class PowerOfTwo(Strategy):
         a, b = self._rng.sample(range(len(pods)), 2)
         # A tie goes to the first drawn, not to the smaller id: idle pods share the
         # requests, and replicas that tie do not all pick the same pod.
-        pod = pods[b] if _load(pods[b]) < _load(pods[a]) else pods[a]
+        pod = pods[b] if load_order(pods[b]) < load_order(pods[a]) else pods[a]
         return Decision(pod=pod.id, strategy=self.name, reason=Reason.LEAST_LOADED)
-
-
-def _load(pod: PodView) -> tuple[int, ...]:
-    return least_loaded_key(pod)[:3]  # its order without the id that breaks ties
