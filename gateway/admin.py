@@ -193,7 +193,8 @@ async def bounds(request: Request) -> Response:
     gw = _admin(request)
     structures = {**gw.kv.bounds(), **gw.router.core.bounds(), **gw.registry.bounds(),
                   **gw.scale.bounds(), **gw.upstream.bounds(),
-                  **gw.in_flight.bounds(limits_of(gw.settings))}  # fmt: skip
+                  **gw.in_flight.bounds(limits_of(gw.settings)),
+                  **request.app.state.client_connections.bounds()}  # fmt: skip
     if gw.admission is not None:
         structures.update(gw.admission.bounds())
     return JSONResponse(

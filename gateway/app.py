@@ -28,6 +28,7 @@ from gateway.asgi import Message, Receive, Scope, Send, header_map, send_error
 from gateway.auth import require_client_key
 from gateway.config import Settings, SettingsSource
 from gateway.errors import GatewayError
+from gateway.http_limits import ClientConnections
 from gateway.metrics import GatewayMetrics
 from gateway.openai_body import Kind
 from gateway.state import Gateway, build_routing, running_gateway
@@ -69,6 +70,12 @@ def create_app(
     if not settings.admin.metrics:
         app.router.add_route("/metrics", metrics_endpoint, methods=["GET"])
     app.state.admin_app = admin  # served on the admin listener by gateway.server
+    # The serving listener's open connections, counted by gateway.server's protocol and
+    # listed in /admin/bounds; one count for the process, as the listener is.
+    admin.state.client_connections = app.state.client_connections = ClientConnections(
+        settings.max_client_connections,
+        on_refused=lambda: metrics.refused.labels("client_connections").inc(),
+    )
     return app
 
 

@@ -335,6 +335,13 @@ class Settings(BaseSettings):
     # (gateway/in_flight.py). Per worker process with --workers.
     max_requests_in_flight: int = Field(default=4096, ge=1)
     max_body_bytes_in_flight: int = Field(default=256 * 1024 * 1024, ge=1)
+    # Client connections open at once on the serving listener, busy or idle; past it a new
+    # connection is answered 503 with Retry-After and closed before anything is read, so
+    # a flood of connections cannot run the process out of file descriptors (and then
+    # fail its connections to the pods). Per worker process; the admin listener is not
+    # counted. At start the open-files limit is raised to fit this and
+    # max_upstream_connections where the hard limit allows.
+    max_client_connections: int = Field(default=8192, ge=1)
     timeouts: Timeouts = Field(default_factory=Timeouts)
     health: HealthSettings = Field(default_factory=HealthSettings)
     lora: LoraSettings = Field(default_factory=LoraSettings)

@@ -113,7 +113,8 @@ class GatewayMetrics:
             Counter(
                 "kvgate_requests_refused",
                 "Requests answered 503 at a bound on requests in flight: 'requests' (their "
-                "number) or 'body_bytes' (the bodies they hold).",
+                "number) or 'body_bytes' (the bodies they hold); 'client_connections': "
+                "connections answered 503 and closed at max_client_connections.",
                 ["bound"],
                 registry=registry,
             )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import signal
 import socket
 from typing import Any
@@ -26,7 +27,7 @@ from fastapi import FastAPI
 
 from gateway.app import create_app
 from gateway.config import Settings, SettingsSource
-from gateway.http_limits import guarded_protocol
+from gateway.http_limits import ClientConnections, guarded_protocol
 from gateway.reload import latest_settings
 from gateway.workers import Supervisor, WorkerContext, default_workers, reuseport_socket
 
@@ -65,11 +66,20 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def uvicorn_config(settings: Settings, app: ASGIApp) -> uvicorn.Config:
+def uvicorn_config(
+    settings: Settings,
+    app: ASGIApp,
+    connections: ClientConnections | None = None,
+    admin_port: int | None = None,
+) -> uvicorn.Config:
+    """``connections``: the serving listener's (every listener's but ``admin_port``)."""
+    protocol = guarded_protocol(
+        settings.max_header_bytes, settings.timeouts.client_headers_s, connections, admin_port
+    )
     return uvicorn.Config(
         app,
         loop="uvloop",
-        http=guarded_protocol(settings.max_header_bytes, settings.timeouts.client_headers_s),
+        http=protocol,
         log_level=settings.log_level.lower(),
         access_log=False,
         lifespan="on",
@@ -116,7 +126,9 @@ def serve(settings: Settings, source: SettingsSource | None = None) -> None:
         admin_port = sockets[-1].getsockname()[1]
     app = ByListener(serving, serving.state.admin_app, admin_port)
     reload_on_sighup(serving)
-    uvicorn.Server(uvicorn_config(settings, app)).run(sockets=sockets)
+    raise_open_files_limit(settings)
+    config = uvicorn_config(settings, app, serving.state.client_connections, admin_port)
+    uvicorn.Server(config).run(sockets=sockets)
 
 
 def serve_workers(settings: Settings, count: int, source: SettingsSource | None = None) -> None:
@@ -139,9 +151,11 @@ def serve_workers(settings: Settings, count: int, source: SettingsSource | None 
         serving = create_app(latest_settings(source, settings), ctx, source)
         app = WorkerHeader(ByListener(serving, serving.state.admin_app, admin_port), ctx.index)
         reload_on_sighup(serving)
-        uvicorn.Server(uvicorn_config(settings, app)).run(sockets=sockets)
+        config = uvicorn_config(settings, app, serving.state.client_connections, admin_port)
+        uvicorn.Server(config).run(sockets=sockets)
         return 0
 
+    raise_open_files_limit(settings)  # inherited by the workers
     so = settings.scale_out
     supervisor = Supervisor(
         count, run_worker, load_capacity=so.worker_load_pods, bus_bytes=so.worker_bus_bytes
@@ -151,6 +165,30 @@ def serve_workers(settings: Settings, count: int, source: SettingsSource | None 
     reserved.close()
     if code:
         raise SystemExit(code)
+
+
+# Descriptors a process needs beside its client and pod connections: the listeners,
+# event subscriptions, Redis, health probes, log and metric files.
+OTHER_FILES = 256
+
+
+def raise_open_files_limit(settings: Settings) -> int:
+    """Raise this process's soft open-files limit to fit ``max_client_connections``
+    and ``max_upstream_connections`` (many systems start processes at 1,024), as far as
+    the hard limit allows; returns the soft limit now. A limit that stays below is
+    logged: the connection bounds cannot all be reached before ``accept`` fails."""
+    needed = settings.max_client_connections + settings.max_upstream_connections + OTHER_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        soft = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        log.warning(
+            "kvgate: open files limited to %d (hard limit), below the %d that "
+            "max_client_connections + max_upstream_connections need; lower them or "
+            "raise the limit (ulimit -n)", soft, needed,
+        )  # fmt: skip
+    return soft
 
 
 def reload_on_sighup(serving: FastAPI) -> None:

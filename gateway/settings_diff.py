@@ -29,6 +29,7 @@ RESTART_ONLY: tuple[str, ...] = (
     "max_upstream_connections",  # the connection pool to the pods
     "timeouts.connect_s",  # ... and its connect timeout
     "max_header_bytes",  # the HTTP protocol of the listeners
+    "max_client_connections",
     "timeouts.client_headers_s",
 )
 
