@@ -118,7 +118,7 @@ async def index_lookup(request: Request) -> Response:
     raw = await _body(request, gw)
     probe = parse_body(raw, "tokenize")
     kind = probe.body.get("api") or ("chat" if "messages" in probe.body else "completions")
-    if kind not in CACHE_ROUTED:
+    if not isinstance(kind, str) or kind not in CACHE_ROUTED:
         raise GatewayError(400, f"'api' must be one of {sorted(CACHE_ROUTED)}", param="api")
     parsed = parse_body(raw, kind)
     model = parsed.model or ""

@@ -123,6 +123,14 @@ class GatewayApp(FastAPI):
             await gw.proxy.handle(scope, receive, tracked, kind, headers)
         except GatewayError as err:
             await send_error(send, err, {}, error_style(kind))
+        except RecursionError:
+            # msgspec parses bodies nested up to Python's recursion limit, and what routing
+            # walks recursively (hashing content parts, a session key) may then pass it:
+            # the body's nesting, not the gateway, is at fault.
+            if not started:
+                error = GatewayError(400, "request body is nested too deeply",
+                                     code="invalid_request")  # fmt: skip
+                await send_error(send, error, {}, error_style(kind))
         except Exception:
             log.exception("unhandled error answering %s", scope["path"])
             if not started:

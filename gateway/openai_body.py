@@ -142,7 +142,7 @@ def parse_body(raw: bytes, kind: Kind, content_type: str = JSON) -> ParsedReques
         stream = False
     if not isinstance(stream, bool):
         raise _bad("'stream' must be a boolean", "stream")
-    if kind == "chat":
+    if kind == "chat" or (kind == "tokenize" and "messages" in body):
         _check_messages(body.get("messages"))
     elif kind == "completions":
         _check_prompt(body.get("prompt"))

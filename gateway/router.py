@@ -90,7 +90,11 @@ class Router:
 
         def session_key() -> str | None:
             key = headers.get(self._session_header) or body.get(self._session_field)
-            return str(key) if key else None
+            if isinstance(key, str):
+                return key or None
+            # A number names a session too; an object or array does not (no session).
+            is_number = isinstance(key, int | float) and not isinstance(key, bool)
+            return str(key) if is_number else None
 
         req = self.core.request(
             model,

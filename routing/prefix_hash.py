@@ -133,5 +133,5 @@ def _render_part(part: Any) -> str:
 def _stable_json(value: Any) -> str:
     try:
         return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
-    except (TypeError, ValueError):  # e.g. circular structures: hash their type only
+    except (TypeError, ValueError, RecursionError):  # circular or too deep: its type only
         return type(value).__name__
