@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from gateway.auth import bearer_token
+from gateway.auth import presented_key
 from gateway.config import AdmissionSettings, AdmissionTenant, ModelSettings
 from gateway.errors import GatewayError
 from gateway.metrics import CachedLabels
@@ -163,9 +163,12 @@ class Admission:
         req: RouteRequest,
         answer: IndexAnswer | None,
         candidates: Callable[[], list[Pod]],
+        reveal_predictions: bool = False,
     ) -> Routed | None:
         """The request's routed dispatch once admitted (its pod's load counted); None
-        when no pod serves the model (the proxy answers 503). Raises 429 when shed."""
+        when no pod serves the model (the proxy answers 503). Raises 429 when shed.
+        ``reveal_predictions``: the caller may see predicted TTFTs (as in the
+        ``x-kvgate-predicted-*`` headers), so an SLO shed may say how far over it was."""
         if not candidates():
             return None
         queue = self._queue(model)
@@ -175,7 +178,7 @@ class Admission:
         if verdict.kind == "dispatch":
             return self._commit(model, ticket, verdict)
         if verdict.kind == "shed":
-            raise self._shed(model, ticket, verdict)
+            raise self._shed(model, ticket, verdict, reveal_predictions)
         self._gauge(model)
         try:
             async with asyncio.timeout(queue.policy.max_wait_s):
@@ -215,7 +218,7 @@ class Admission:
             name = headers.get(self._s.tenant_header, "")[:_TENANT_CHARS]
             tenant = self._by_name.get(name)
             return name, tenant
-        token = bearer_token(headers)
+        token = presented_key(headers)  # as the client key is checked: bearer or x-api-key
         if token is None:
             return "", None
         tenant = self._by_key.get(token)
@@ -289,19 +292,29 @@ class Admission:
         self._metrics.wait.labels(model, priority).observe(routed.waited_s)
         return routed
 
-    def _shed(self, model: str, ticket: Ticket, verdict: Verdict) -> GatewayError:
+    def _shed(
+        self, model: str, ticket: Ticket, verdict: Verdict, reveal_predictions: bool = False
+    ) -> GatewayError:
         reason = verdict.reason
         assert reason in SHED_REASONS
         self._metrics.shed.labels(model, self._s.priorities[ticket.priority], reason).inc()
+        retry_after = verdict.retry_after_s
+        slo = "the predicted time to first token exceeds the request's SLO"
+        if reveal_predictions:
+            slo = (f"predicted time to first token ({(verdict.predicted_ttft_s or 0) * 1000:.0f}"
+                   " ms) exceeds the request's SLO")  # fmt: skip
+        elif reason == "slo":
+            # An SLO shed's Retry-After is the predicted overshoot, which tells a caller
+            # without predictions how much of its prompt is cached: not from here.
+            retry_after = 1
         messages = {
             "queue_full": f"too many requests waiting for model '{model}'",
-            "slo": f"predicted time to first token ({(verdict.predicted_ttft_s or 0) * 1000:.0f}"
-            f" ms) exceeds the request's SLO",
+            "slo": slo,
             "queue_timeout": f"no pod had room for the request within "
             f"{self._policy(model).max_wait_s:g} s",
         }
         return GatewayError(429, messages[reason], code=reason,
-                            headers={"retry-after": str(verdict.retry_after_s)})  # fmt: skip
+                            headers={"retry-after": str(retry_after)})  # fmt: skip
 
     def _load_changed(self, model: str, released: bool) -> None:
         """A request's prefill ended or it finished: a pod may have room now."""

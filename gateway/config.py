@@ -208,6 +208,11 @@ class AdmissionSettings(BaseModel):
     def _split_priorities(cls, v: Any) -> Any:
         return _split_list(v)
 
+    @field_validator("priority_header", "slo_header", "tenant_header")
+    @classmethod
+    def _lowercase_header(cls, v: str) -> str:
+        return v.lower()  # requests' header names arrive lowercased (ASGI)
+
     @model_validator(mode="after")
     def _known_priorities(self) -> AdmissionSettings:
         if not self.priorities or len(set(self.priorities)) != len(self.priorities):

@@ -217,7 +217,12 @@ class Proxy:
             ticket = self._admission.ticket(headers, time.monotonic())
             with span("kvgate.queue_wait"):
                 admitted = await self._admission.admit(
-                    model, ticket, req, answer, lambda: self._registry.healthy_for(model)
+                    model,
+                    ticket,
+                    req,
+                    answer,
+                    lambda: self._registry.healthy_for(model),
+                    self._may_see_predictions(headers),
                 )
         tried: set[str] = set()
         backoff = self._s.retry.backoff_s

@@ -127,7 +127,9 @@ async def test_a_shed_messages_request_is_429_in_anthropics_shape(pod_a):
 async def test_kv_aware_sheds_a_request_whose_predicted_ttft_exceeds_its_slo_header(pod_a):
     # 3,000 prompt tokens on the default cost model: ~90 ms overhead + 3000 / 3653 s.
     body = {"model": MODEL, "prompt": list(range(3000)), "max_tokens": 1}
-    async with inproc_gateway(pod_a, strategy="kv-aware", admission={"enabled": True}) as g:
+    admission = {"enabled": True}
+    async with inproc_gateway(pod_a, strategy="kv-aware", admission=admission,
+                              expose_predictions=True) as g:  # fmt: skip
         shed = await g.client.post("/v1/completions", json=body,
                                    headers={"x-kvgate-ttft-slo-ms": "500"})  # fmt: skip
         err = assert_openai_error(shed, 429)
@@ -138,6 +140,40 @@ async def test_kv_aware_sheds_a_request_whose_predicted_ttft_exceeds_its_slo_hea
         assert served.status_code == 200
         assert len(pod_a.received) == 1
         assert g.metric("kvgate_admission_shed_total", reason="slo", priority="normal") == 1
+
+
+async def test_an_slo_shed_tells_a_caller_without_predictions_nothing_of_the_cache(pod_a):
+    # The predicted TTFT says how much of a prompt is cached; with expose_predictions off
+    # (the default) the x-kvgate-predicted-* headers are hidden, and so is it here.
+    # 10,000 tokens: ~90 ms + 10000 / 3653 s = 2.83 s predicted, 2.83 s over a 1 ms SLO.
+    body = {"model": MODEL, "prompt": list(range(10_000)), "max_tokens": 1}
+    slo = {"x-kvgate-ttft-slo-ms": "1"}
+    admission = {"enabled": True}
+    async with inproc_gateway(pod_a, strategy="kv-aware", admission=admission,
+                              admin={"api_keys": ["admin-key"]}) as g:  # fmt: skip
+        plain = await g.client.post("/v1/completions", json=body, headers=slo)
+        err = assert_openai_error(plain, 429)
+        assert err["code"] == "slo"
+        assert err["message"] == "the predicted time to first token exceeds the request's SLO"
+        assert plain.headers["retry-after"] == "1"  # not the predicted overshoot
+        admin = await g.client.post("/v1/completions", json=body,
+                                    headers={**slo, "x-kvgate-admin-key": "admin-key"})  # fmt: skip
+        assert (
+            "predicted time to first token (2827 ms)" in assert_openai_error(admin, 429)["message"]
+        )
+        assert admin.headers["retry-after"] == "3"
+    assert pod_a.received == []
+
+
+async def test_a_tenant_is_the_same_whichever_header_carries_its_key(pod_a):
+    keys = {"authorization": "Bearer key-batch", "x-api-key": "key-batch"}
+    batch = {"name": "batch", "api_keys": ["key-batch"], "priority": "low", "weight": 0.1}
+    admission = {**ONE_AT_A_TIME, "tenants": [batch]}
+    async with inproc_gateway(pod_a, admission=admission, api_keys=["key-batch"]) as g:
+        for name, value in keys.items():
+            # the header asks for more than the tenant may have: its ceiling holds
+            ticket = g.gw.admission.ticket({name: value, "x-kvgate-priority": "high"}, 0.0)
+            assert (ticket.tenant, ticket.priority, ticket.weight) == ("batch", 2, 0.1), name
 
 
 async def test_a_per_model_slo_applies_when_the_request_names_none(pod_a):
@@ -268,3 +304,14 @@ async def test_admin_bounds_lists_each_models_queue_and_fairness_state(pod_a):
         tags = structures[f"admission.{MODEL}.tenant_tags"]
         assert (waiting["size"], waiting["capacity"], waiting["unit"]) == (0, 50, "requests")
         assert (tags["size"], tags["capacity"], tags["unit"]) == (0, 3 * 1024, "tenants")
+
+
+async def test_header_names_in_the_settings_match_whatever_their_case(pod_a):
+    admission = {"enabled": True, "tenant_source": "header", "tenant_header": "X-Tenant-Id",
+                 "priority_header": "X-Priority", "slo_header": "X-SLO-ms",
+                 "tenants": [{"name": "batch", "priority": "low"}]}  # fmt: skip
+    async with inproc_gateway(pod_a, admission=admission) as g:
+        # as ASGI hands them over: lowercased
+        headers = {"x-tenant-id": "batch", "x-priority": "low", "x-slo-ms": "250"}
+        ticket = g.gw.admission.ticket(headers, 0.0)
+        assert (ticket.tenant, ticket.priority, ticket.slo_s) == ("batch", 2, 0.25)
