@@ -23,6 +23,9 @@ from routing.types import Outcome
 USAGE_TAIL_BYTES = 16 * 1024  # vLLM's usage chunk is the last event of a stream
 _USAGE_KEY = re.compile(r'"usage"\s*:\s*\{')
 _json_decoder = json.JSONDecoder()
+_USAGE_KEYS_TRIED = 8  # the last few "usage" keys of a stream's tail are parsed, not all
+# No context is this long; a usage count beyond it is a pod's garbage.
+MAX_USAGE_TOKENS = 1 << 31
 
 
 @dataclass(slots=True)
@@ -101,7 +104,9 @@ def usage_from_sse(tail: bytes) -> dict[str, object] | None:
     A ``"usage": {`` with unescaped quotes only occurs as a key: in generated text the
     quotes are escaped."""
     text = tail.decode("utf-8", "replace")
-    for found in reversed(list(_USAGE_KEY.finditer(text))):
+    # The usage is the last such key; a tail of thousands of them (a pod's garbage) would
+    # cost a parse attempt each, on the event loop, at every stream's end.
+    for found in reversed(list(_USAGE_KEY.finditer(text))[-_USAGE_KEYS_TRIED:]):
         try:
             usage, _ = _json_decoder.raw_decode(text, found.end() - 1)
         except (ValueError, RecursionError):
@@ -132,10 +137,13 @@ def token_counts(usage: dict[str, object] | None) -> tuple[int | None, int | Non
             cached = usage.get("cache_read_input_tokens")
             created = usage.get("cache_creation_input_tokens")
             prompt += (cached if _is_int(cached) else 0) + (created if _is_int(created) else 0)
-    return (
-        prompt if _is_int(prompt) else None,
-        cached if _is_int(cached) else None,
-    )
+    if not (_is_int(prompt) and 0 <= prompt < MAX_USAGE_TOKENS):  # type: ignore[operator]
+        return None, None
+    # A cached count the prompt cannot hold is a pod's garbage: it would count negative
+    # computed tokens (which the metric refuses, losing the response) and mislead the
+    # strategy's learning.
+    cached_ok = _is_int(cached) and 0 <= cached <= prompt  # type: ignore[operator]
+    return prompt, cached if cached_ok else None  # type: ignore[return-value]
 
 
 def _is_int(x: object) -> bool:

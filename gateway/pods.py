@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import httpx
+import msgspec
 
 from gateway.config import HealthSettings, LoraSettings, PodConfig
 from gateway.metrics import GatewayMetrics
@@ -35,7 +37,21 @@ T = TypeVar("T")
 PodListener = Callable[["Pod"], Awaitable[None] | None]
 RemovalListener = Callable[[str], Awaitable[None] | None]
 
-MODEL_CARD_BYTES = 1_300  # one /v1/models card as parsed JSON (tracemalloc, CPython 3.11)
+# One /v1/models card as kept: the fields below, strings of up to CARD_STRING_CHARS
+# (tracemalloc, CPython 3.11).
+MODEL_CARD_BYTES = 1_300
+# What is kept of a card: OpenAI's model object and vLLM's additions that say what the
+# model is. The rest (vLLM's "permission" list, anything a pod adds) is dropped, so a
+# card costs what MODEL_CARD_BYTES says whatever the pod sends.
+CARD_FIELDS = ("id", "object", "created", "owned_by", "root", "parent", "max_model_len")
+CARD_STRING_CHARS = 256
+
+# A probe's answers are read whole within probe_timeout_s, up to this many bytes each: a
+# vLLM /metrics with its histograms and many adapters is some hundreds of KB.
+MAX_PROBE_BODY_BYTES = 4 * 1024 * 1024
+# Scraped queue lengths and block counts above this are a pod's garbage, not its load
+# (nothing runs a million requests); clamped so that routing's arithmetic stays finite.
+MAX_SCRAPED_VALUE = 1e6
 
 _SCRAPED = {
     "vllm:num_requests_waiting": "waiting",
@@ -79,13 +95,15 @@ def same_endpoints(a: PodConfig, b: PodConfig) -> bool:
 
 
 _CACHE_INFO = "vllm:cache_config_info"
-_GPU_BLOCKS = re.compile(r'[{,]num_gpu_blocks="(\d+)"')
+_GPU_BLOCKS = re.compile(r'[{,]num_gpu_blocks="(\d{1,12})"')
+_json = msgspec.json.Decoder()
 
 
 def parse_engine_load(text: str) -> dict[str, float]:
     """Sum the scraped vLLM gauges over their label sets (one per engine), and the L0
     size in blocks (``kv_blocks``) from the ``num_gpu_blocks`` label of each engine's
-    ``vllm:cache_config_info``."""
+    ``vllm:cache_config_info``. Values that are not finite or not within
+    [0, ``MAX_SCRAPED_VALUE``] are skipped or clamped."""
     out: dict[str, float] = {}
     for line in text.splitlines():
         if not line.startswith("vllm:"):
@@ -103,8 +121,24 @@ def parse_engine_load(text: str) -> dict[str, float]:
             value = float(line.rsplit(" ", 1)[1])
         except (IndexError, ValueError):
             continue
-        out[attr] = out.get(attr, 0.0) + value
-    return out
+        if math.isfinite(value):
+            out[attr] = out.get(attr, 0.0) + max(0.0, value)
+    return {name: min(value, MAX_SCRAPED_VALUE) for name, value in out.items()}
+
+
+def kept_card(card: dict[str, Any]) -> dict[str, object] | None:
+    """What is kept of a pod's model card (``CARD_FIELDS``, scalars, strings of up to
+    ``CARD_STRING_CHARS``); None for a card without a usable ``id``."""
+    kept: dict[str, object] = {}
+    for name in CARD_FIELDS:
+        value = card.get(name)
+        if isinstance(value, str) and len(value) <= CARD_STRING_CHARS:
+            kept[name] = value
+        elif type(value) is int and 0 <= value < 2**63:
+            kept[name] = value
+        elif value is None and name in card:  # vLLM's "parent": null of a base model
+            kept[name] = None
+    return kept if kept.get("id") else None
 
 
 class PodRegistry:
@@ -257,18 +291,16 @@ class PodRegistry:
         pod.ever_probed = True
 
     async def _probe_once(self, pod: Pod) -> bool:
-        timeout = self._health.probe_timeout_s
-        headers = {"Authorization": f"Bearer {pod.config.api_key}"} if pod.config.api_key else {}
         try:
-            r = await self._client.get(f"{pod.url}/health", timeout=timeout, headers=headers)
-            if r.status_code != 200:
+            status, _ = await self._get(pod, "/health")
+            if status != 200:
                 return False
-            r = await self._client.get(f"{pod.url}/v1/models", timeout=timeout, headers=headers)
-            if r.status_code == 200:
-                self._learn_models(pod, r.json())
-            r = await self._client.get(f"{pod.url}/metrics", timeout=timeout, headers=headers)
-            if r.status_code == 200:
-                load = parse_engine_load(r.text)
+            status, body = await self._get(pod, "/v1/models")
+            if status == 200:
+                self._learn_models(pod, _json.decode(body))
+            status, body = await self._get(pod, "/metrics")
+            if status == 200:
+                load = parse_engine_load(body.decode("utf-8", "replace"))
                 pod.engine = EngineLoad(
                     waiting=int(load.get("waiting", 0)),
                     running=int(load.get("running", 0)),
@@ -276,8 +308,30 @@ class PodRegistry:
                     kv_capacity_blocks=int(load.get("kv_blocks", 0)),
                 )
             return True
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        except Exception as exc:  # whatever a pod answers is a failed probe, never a stop
+            log.debug("probe of %s failed: %r", pod.name, exc)
             return False
+
+    async def _get(self, pod: Pod, path: str) -> tuple[int, bytes]:
+        """A pod's answer to ``GET path``: read whole within ``probe_timeout_s`` in all
+        (httpx's timeout is per read, so a pod sending a byte at a time would hold the
+        probe, and the round of every pod's probes, for as long as it likes) and up to
+        ``MAX_PROBE_BODY_BYTES`` (beyond: ``ValueError``)."""
+        timeout = self._health.probe_timeout_s
+        headers = {"Authorization": f"Bearer {pod.config.api_key}"} if pod.config.api_key else {}
+        async with asyncio.timeout(timeout):
+            request = self._client.build_request("GET", f"{pod.url}{path}", headers=headers,
+                                                 timeout=timeout)  # fmt: skip
+            response = await self._client.send(request, stream=True)
+            try:
+                body = bytearray()
+                async for chunk in response.aiter_bytes():  # decoded: the cap counts what is kept
+                    body += chunk
+                    if len(body) > MAX_PROBE_BODY_BYTES:
+                        raise ValueError(f"{path} answer over {MAX_PROBE_BODY_BYTES} bytes")
+                return response.status_code, bytes(body)
+            finally:
+                await response.aclose()
 
     def _learn_models(self, pod: Pod, listing: Any) -> None:
         """The pod's model cards, the first ``max_models_per_pod`` of them."""
@@ -285,10 +339,11 @@ class PodRegistry:
         cards: dict[str, dict[str, object]] = {}
         data = listing.get("data") if isinstance(listing, dict) else None
         for card in data if isinstance(data, list) else []:
-            if not isinstance(card, dict) or not isinstance(card.get("id"), str):
+            kept = kept_card(card) if isinstance(card, dict) else None
+            if kept is None:
                 continue
             if len(cards) < cap:
-                cards[card["id"]] = card
+                cards[str(kept["id"])] = kept
             elif len(cards) >= cap and pod.name not in self._over_capacity_logged:
                 self._over_capacity_logged.add(pod.name)
                 log.warning("pod %s lists more than %d models; the rest are ignored",
@@ -297,15 +352,12 @@ class PodRegistry:
         pod.models = set(cards) | set(pod.config.models)
 
     async def _read_models(self, pod: Pod) -> None:
-        headers = {"Authorization": f"Bearer {pod.config.api_key}"} if pod.config.api_key else {}
         try:
-            r = await self._client.get(
-                f"{pod.url}/v1/models", timeout=self._health.probe_timeout_s, headers=headers
-            )
-            if r.status_code == 200:
-                self._learn_models(pod, r.json())
-        except (httpx.HTTPError, ValueError):
-            pass  # the next probe tells whether the pod is still there
+            status, body = await self._get(pod, "/v1/models")
+            if status == 200:
+                self._learn_models(pod, _json.decode(body))
+        except Exception as exc:  # the next probe tells whether the pod is still there
+            log.debug("reading the models of %s failed: %r", pod.name, exc)
 
     async def refresh_models(self) -> None:
         """Re-read the healthy pods' models now, unless that was done less than

@@ -8,6 +8,7 @@ from itertools import pairwise
 
 import pytest
 
+from gateway import accounting
 from tests.inproc.harness import inproc_gateway
 from tests.inproc.scripted_pod import SSE_DONE, answer, completion, delta, sse, stream
 from tests.openai_errors import assert_openai_error_event
@@ -98,3 +99,37 @@ async def test_usage_in_a_json_body_counts_cached_and_computed_tokens(pod_a):
         assert (await g.chat()).status_code == 200
         assert g.metric("kvgate_prompt_tokens_total", pod="pod-a", kind="cached") == 64
         assert g.metric("kvgate_prompt_tokens_total", pod="pod-a", kind="computed") == 36
+
+
+@pytest.mark.parametrize(
+    ("prompt", "cached"),
+    [(10, 20), (10, -1), (-10, 0), (2**40, 0)],
+    ids=["cached-over-prompt", "negative-cached", "negative-prompt", "huge-prompt"],
+)
+async def test_usage_a_pod_got_wrong_loses_the_client_nothing(pod_a, prompt, cached):
+    pod_a.script(answer(completion(prompt_tokens=prompt, cached_tokens=cached)),
+                 stream([*PIECES, usage_chunk(prompt, cached), SSE_DONE]))  # fmt: skip
+    async with inproc_gateway(pod_a) as g:
+        whole = await g.chat()
+        assert whole.status_code == 200
+        assert whole.json()["usage"]["prompt_tokens"] == prompt  # the pod's body, as sent
+        call = g.stream_chat()
+        await call.finished()
+        assert call.body.endswith(SSE_DONE)  # the stream's end reached the client
+        assert g.metric("kvgate_requests_total", pod="pod-a", status="200") == 2
+        counted = g.metric("kvgate_prompt_tokens_total", pod="pod-a", kind="computed")
+        assert counted == (prompt if 0 <= prompt < 2**31 else 0) * 2  # cached left out
+
+
+def test_a_tail_of_usage_keys_is_parsed_a_bounded_number_of_times(monkeypatch):
+    attempts = []
+    real = accounting._json_decoder.raw_decode
+
+    def counted(text: str, idx: int = 0):  # type: ignore[no-untyped-def]
+        attempts.append(idx)
+        return real(text, idx)
+
+    monkeypatch.setattr(accounting._json_decoder, "raw_decode", counted)
+    tail = b'"usage":{' * 4000  # a pod's garbage: every key opens an object never closed
+    assert accounting.usage_from_sse(tail) is None
+    assert len(attempts) <= 8
