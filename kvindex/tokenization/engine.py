@@ -7,15 +7,28 @@ and ``TokenizeCompletionRequest`` (``prompt``, ``add_special_tokens``); the answ
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import Any
 
 import httpx
+import msgspec
 
 from kvindex.tokenization.prompt import ChatPrompt
 
 
 class EngineTokenizeError(RuntimeError):
     """The pod did not return token ids (unreachable, non-200, bad body)."""
+
+
+# What a pod's answer may hold, from what it was asked: every token takes at least one
+# byte of the text (byte-level BPE at most one per byte), and the request's JSON is no
+# shorter than its text; the chat template adds its tokens on top.
+TEMPLATE_TOKENS = 4096
+ID_JSON_BYTES = 11  # "4294967295," : the longest id in the answer's list
+ANSWER_JSON_BYTES = 4096  # the rest of the answer: count, max_model_len, token strings off
+_TOKEN_ID_LIMIT = 1 << 32  # ids are keyed as uint32
+_answer = msgspec.json.Decoder()
 
 
 class EngineTokenizer:
@@ -42,22 +55,47 @@ class EngineTokenizer:
         return await self._tokenize(body)
 
     async def _tokenize(self, body: dict[str, Any]) -> list[int]:
+        content = json.dumps(body).encode()
+        max_tokens = len(content) + TEMPLATE_TOKENS
         try:
-            resp = await self._client.post(
-                f"{self.base_url}/tokenize", json=body, headers=self._headers,
-                timeout=self._timeout_s,
-            )  # fmt: skip
+            # In all, not per read (httpx's timeout): a pod sending its answer a byte at
+            # a time must not hold the request it was asked for.
+            async with asyncio.timeout(self._timeout_s):
+                status, answer = await self._post(
+                    content, max_tokens * ID_JSON_BYTES + ANSWER_JSON_BYTES
+                )
         except httpx.HTTPError as exc:
             raise EngineTokenizeError(f"/tokenize unreachable: {type(exc).__name__}") from None
-        if resp.status_code != 200:
-            raise EngineTokenizeError(f"/tokenize answered {resp.status_code}")
+        except TimeoutError:
+            raise EngineTokenizeError(f"/tokenize took over {self._timeout_s:g} s") from None
+        if status != 200:
+            raise EngineTokenizeError(f"/tokenize answered {status}")
         try:
-            tokens = resp.json()["tokens"]
-        except (ValueError, KeyError, TypeError):
+            tokens = _answer.decode(answer)["tokens"]
+        except (msgspec.DecodeError, RecursionError, KeyError, TypeError):
             raise EngineTokenizeError("/tokenize body has no tokens") from None
-        if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
-            raise EngineTokenizeError("/tokenize tokens are not integers")
+        if not isinstance(tokens, list) or len(tokens) > max_tokens:
+            raise EngineTokenizeError("/tokenize tokens are not a list the prompt could make")
+        if not all(type(t) is int and 0 <= t < _TOKEN_ID_LIMIT for t in tokens):
+            raise EngineTokenizeError("/tokenize tokens are not ids in [0, 2^32)")
         return tokens
+
+    async def _post(self, content: bytes, max_bytes: int) -> tuple[int, bytes]:
+        """The status and body of the pod's answer (past ``max_bytes``: an error)."""
+        request = self._client.build_request(
+            "POST", f"{self.base_url}/tokenize", content=content, timeout=self._timeout_s,
+            headers={**self._headers, "content-type": "application/json"},
+        )  # fmt: skip
+        response = await self._client.send(request, stream=True)
+        try:
+            answer = bytearray()
+            async for chunk in response.aiter_bytes():
+                answer += chunk
+                if len(answer) > max_bytes:
+                    raise EngineTokenizeError(f"/tokenize answer over {max_bytes} bytes")
+            return response.status_code, bytes(answer)
+        finally:
+            await response.aclose()
 
     async def aclose(self) -> None:
         if self._owns_client:

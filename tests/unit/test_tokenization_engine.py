@@ -5,11 +5,13 @@ the ids it returns are what the local path would compute.
 """
 
 import asyncio
+import time
+from collections.abc import AsyncIterator
 
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from bench.polling import wait_for_async
 from bench.ports import free_port
@@ -39,6 +41,18 @@ async def engine_url(local):
         seen.append(body)
         if body.get("model") == "broken":
             return JSONResponse({"error": "boom"}, status_code=500)
+        if body.get("model") == "bad-ids":
+            return {"tokens": [1, -1, 2**40]}
+        if body.get("model") == "too-many":  # more ids than the prompt's bytes could make
+            return {"tokens": [0] * (len(body["prompt"]) + 10_000)}
+        if body.get("model") == "drip":  # each byte in time, the whole answer never
+
+            async def dripped() -> AsyncIterator[bytes]:
+                for byte in b'{"tokens": [1, 2, 3]}':
+                    yield bytes([byte])
+                    await asyncio.sleep(0.1)
+
+            return StreamingResponse(dripped(), media_type="application/json")
         if "messages" in body:
             text_only = [
                 {**m, "content": m["content"] if isinstance(m["content"], str) else "[media]"}
@@ -115,3 +129,22 @@ async def test_engine_errors_and_unreachable_pods_raise_tokenization_error(engin
     gone = Tokenization("tiny", "engine", engine=EngineTokenizer(f"http://127.0.0.1:{free_port()}"))
     with pytest.raises(TokenizationError):
         await gone.completion("x")
+
+
+@pytest.mark.parametrize("model", ["bad-ids", "too-many"])
+async def test_ids_no_prompt_could_make_are_a_tokenization_error(engine_url, model):
+    url, _ = engine_url
+    engine = EngineTokenizer(url)
+    with pytest.raises(TokenizationError):
+        await Tokenization(model, "engine", engine=engine).completion("x" * 100)
+    await engine.aclose()
+
+
+async def test_an_answer_dripped_past_the_timeout_is_a_tokenization_error(engine_url):
+    url, _ = engine_url
+    engine = EngineTokenizer(url, timeout_s=0.5)  # each byte comes within it, all never
+    started = time.monotonic()
+    with pytest.raises(TokenizationError):
+        await Tokenization("drip", "engine", engine=engine).completion("x")
+    assert time.monotonic() - started < 1.5
+    await engine.aclose()
