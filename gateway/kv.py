@@ -351,12 +351,19 @@ class KvIndex:
 
 def lora_of(model: str, pods: list[Pod]) -> tuple[str, str | None]:
     """``(base model, adapter)`` of a requested model: ``(model, None)`` unless a pod
-    lists it as an adapter (a card with a ``parent``)."""
+    lists it as an adapter (a card with a ``parent``) of a base model the same pod
+    serves, and no pod serves it as a base model. So one pod's card cannot make a base
+    model an adapter for the whole fleet (its keys would then match no pod's events)."""
+    adapter_of: str | None = None
     for pod in pods:
+        if model not in pod.model_cards:
+            continue
         parent = pod.parent_of(model)
-        if parent is not None:
-            return parent, model
-    return model, None
+        if parent is None:
+            return model, None  # served as a base model
+        if adapter_of is None and parent in pod.models and pod.parent_of(parent) is None:
+            adapter_of = parent
+    return (adapter_of, model) if adapter_of is not None else (model, None)
 
 
 class IndexPeers(Protocol):

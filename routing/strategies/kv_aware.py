@@ -203,6 +203,13 @@ class KvAware(Strategy):
         """Calibrate the model's prefill and per-running costs from the observed TTFT."""
         if not self.calibrate or not outcome.ok:
             return
+        prompt = outcome.prompt_tokens if outcome.prompt_tokens is not None else req.prompt_tokens
+        if req.block_keys and not _counts_agree(prompt, req.prompt_tokens):
+            # The gateway tokenized this prompt (block keys): a pod reporting a count far
+            # from it is wrong or lying, and one pod's counts would refit the cost model
+            # every pod of the model is routed on. (An image the engine expands is also
+            # skipped: the fit learns from the prompts the gateway can count.)
+            return
         calibrator = self.calibrator(req.model)
         # The calibrator fits the running requests' share itself: take it out of the
         # predicted queue (at the current estimate, which refits move only slowly).
@@ -210,7 +217,7 @@ class KvAware(Strategy):
         running_s = running * calibrator.current().decode_s_per_running
         calibrator.update(
             outcome.ttft_s,
-            outcome.prompt_tokens if outcome.prompt_tokens is not None else req.prompt_tokens,
+            prompt,
             outcome.cached_tokens,
             queue_s=max(0.0, (decision.predicted_queue_s or 0.0) - running_s),
             running=running,
@@ -226,6 +233,12 @@ def evicted_share(written_blocks: int, free_blocks: int) -> float:
     if written_blocks <= 0:
         return 0.0
     return max(0, written_blocks - max(0, free_blocks)) / written_blocks
+
+
+def _counts_agree(reported: int, exact: int) -> bool:
+    """Whether a pod's prompt count is within 2x of the gateway's own (templates and
+    tokenizer versions differ by a few tokens, not by a factor)."""
+    return exact // 2 <= reported <= 2 * exact
 
 
 def _rank(e: PodEstimate) -> tuple[int, tuple[int, int, int, str]]:

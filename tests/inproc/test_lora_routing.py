@@ -10,6 +10,9 @@ import asyncio
 import pytest
 
 from bench.polling import wait_for_async
+from gateway.config import PodConfig
+from gateway.kv import lora_of
+from gateway.pods import Pod
 from tests.inproc.harness import ANTHROPIC, CHAT, inproc_gateway
 from tests.inproc.scripted_pod import MODEL, answer
 from tests.openai_errors import assert_anthropic_error, assert_openai_error
@@ -98,3 +101,19 @@ async def test_prefix_memory_keeps_an_adapters_prompts_apart_from_the_base_model
         hits = g.metric("kvgate_routing_decisions_total", reason="cache_hit")
         misses = g.metric("kvgate_routing_decisions_total", reason="least_loaded")
     assert (hits, misses) == (2, 2)  # each model's second request, never the first
+
+
+def _pod(name: str, cards: dict[str, str | None]) -> Pod:
+    """A pod whose /v1/models listed ``cards`` (id: parent)."""
+    listed = {m: {"id": m, "parent": parent} for m, parent in cards.items()}
+    return Pod(PodConfig(name=name, url=f"http://{name}"), models=set(cards),
+               model_cards=listed)  # fmt: skip
+
+
+def test_one_pods_card_cannot_make_a_base_model_an_adapter_for_the_fleet():
+    honest = _pod("a", {"llama": None, "sql-lora": "llama"})
+    lying = _pod("b", {"llama": "evil"})  # "llama" as an adapter of a model it lacks
+    assert lora_of("llama", [honest, lying]) == ("llama", None)
+    assert lora_of("llama", [lying, honest]) == ("llama", None)
+    assert lora_of("llama", [lying]) == ("llama", None)  # its parent is not served there
+    assert lora_of("sql-lora", [lying, honest]) == ("llama", "sql-lora")

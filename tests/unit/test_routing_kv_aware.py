@@ -295,3 +295,18 @@ def test_observe_fits_the_cost_of_each_request_running_on_the_pod():
         ttft = prompt * 0.001 + running * 0.005  # the pod: 1 ms/token, 5 ms per running
         kv.observe(req, d, Outcome(ok=True, ttft_s=ttft, prompt_tokens=prompt))
     assert kv.cost_model("m").decode_s_per_running == pytest.approx(0.005, rel=0.05)
+
+
+def test_a_pods_prompt_counts_far_from_the_gateways_do_not_calibrate():
+    # The gateway tokenized these prompts (block keys): one pod reporting 1,000x their
+    # length must not refit the cost model every pod of the model is routed on.
+    kv = KvAware(cost_model=SIMPLE, calibration={"min_samples": 2, "refit_every": 1})
+    for prompt in (1000, 2000, 3000):
+        req = RouteRequest(model="m", prompt_tokens=prompt, block_keys=list(range(prompt // 16)))
+        d = kv.choose(req, [PodView("a")], _match(prompt), 0.0)
+        kv.observe(req, d, Outcome(ok=True, ttft_s=prompt * 0.001, prompt_tokens=prompt * 1000))
+    assert kv.calibrator("m").samples == 0
+    req = RouteRequest(model="m", prompt_tokens=1000, block_keys=list(range(62)))
+    d = kv.choose(req, [PodView("a")], _match(1000), 0.0)
+    kv.observe(req, d, Outcome(ok=True, ttft_s=1.0, prompt_tokens=1003))  # a few apart: learnt
+    assert kv.calibrator("m").samples == 1
