@@ -95,15 +95,24 @@ class Walk:
     writers: dict[str, int]  # L2 writer pod id -> blocks it wrote within the L2 prefix
 
 
+# ``x`` of an entry: 2 tier bits + 4 * a deadline in ms fits in a u64 (20 digits)
+_MAX_ENTRY_DIGITS = 20
+
+
 def holders(value: bytes, now_ms: int) -> tuple[dict[str, int], str]:
     """Pod id -> live tier bits (1 L0, incl. unexpired speculation; 2 L1), and the L2 writer.
 
-    An entry that does not parse (a value not written by ``APPLY``) is skipped."""
-    writer, _, entries = value.decode(errors="replace").partition("|")
+    What does not parse (a value not written by ``APPLY``: corrupt, or from another
+    version) is skipped as absent: an entry whose number is not plain ASCII digits,
+    and a value without the ``|`` after its writer. Never an exception: one bad key
+    must not fail every lookup whose prefix reaches it until its TTL."""
+    writer, bar, entries = value.decode(errors="replace").partition("|")
+    if not bar:
+        return {}, ""
     seen: dict[str, int] = {}
     for entry in entries.split(";"):
         pod, _, digits = entry.rpartition("=")
-        if not (pod and digits.isdigit()):
+        if not (pod and _is_entry_number(digits)):
             continue
         x = int(digits)
         bits = x & 3
@@ -112,6 +121,12 @@ def holders(value: bytes, now_ms: int) -> tuple[dict[str, int], str]:
         if bits:
             seen[pod] = bits
     return seen, writer
+
+
+def _is_entry_number(digits: str) -> bool:
+    """ASCII digits only (``str.isdigit`` also takes '²', which ``int`` rejects), and
+    few enough for ``int`` (it refuses strings of more than 4300 digits)."""
+    return 0 < len(digits) <= _MAX_ENTRY_DIGITS and digits.isascii() and digits.isdigit()
 
 
 def prefix_walk(

@@ -85,6 +85,7 @@ after a restart); a timeout is not retried.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import functools
 import hashlib
@@ -122,6 +123,7 @@ _UNKNOWN_ID_RETRY_S = 10.0
 _TIER_MASK = {Tier.L0: 1, Tier.L1: 2, Tier.L2: 4}
 _REFINE_ROUNDS = 2  # after these, read every remaining block (the exact fallback)
 _HEX = "0123456789abcdef"
+_MAX_RUN_DIGITS = 2  # a summary run counts 1..16 blocks
 T = TypeVar("T")
 
 
@@ -203,6 +205,7 @@ class RedisStore:
         self.slot = key_slot(self.root.encode())
         self._routed = not cluster  # a standalone server always holds the namespace
         self._master = SlotMaster(self._redis, self.slot)
+        self._routing = asyncio.Lock()  # one lookup of the slot's master at a time
 
     @property
     def client(self) -> Redis:
@@ -215,10 +218,22 @@ class RedisStore:
         namespace's replicas, e.g. their published load, lives in the same slot)."""
         return await call(self._redis)
 
+    @property
+    def routed(self) -> bool:
+        """Whether the node holding the namespace is known. False in a cluster until its
+        slot's master is found, and again after an error that says it may have moved:
+        the next call then looks it up first, asking known nodes one after another
+        (a socket timeout each that hangs), so a caller that must answer fast (a
+        lookup on a request's way) checks this and leaves that to another call."""
+        return self._routed
+
     async def _route(self) -> None:
         """Point the client at the master of the namespace's slot (a cluster)."""
-        self._redis = await self._master.locate(self._redis)
-        self._routed = True
+        async with self._routing:  # concurrent callers share one lookup
+            if self._routed:
+                return
+            self._redis = await self._master.locate(self._redis)
+            self._routed = True
 
     def key_name(self, key: int) -> str:
         return f"{self.prefix}{key:016x}"
@@ -364,10 +379,12 @@ class RedisStore:
         if missing:
             found = await self._redis.hmget(self.registry, missing)
             for pid, name in zip(missing, found, strict=True):
-                if name is not None:
-                    self._remember(pid, name.decode())
+                text = _utf8_or_none(name)
+                if text is not None:
+                    self._remember(pid, text)
                     unknown.pop(pid, None)
-                else:  # a dropped pod's L2 writes: ask again later, not on every lookup
+                else:  # a dropped pod's L2 writes (or a corrupt name): ask again later,
+                    # not on every lookup; meanwhile the raw id stands for the pod
                     if len(unknown) >= _POD_ID_CACHE:
                         unknown.clear()
                     unknown[pid] = now + _UNKNOWN_ID_RETRY_S
@@ -557,11 +574,23 @@ def _runs(summary: bytes | None, epoch: bytes) -> tuple[list[bytes | None], list
     sizes: list[int] = []
     for run in summary[len(epoch) :].split(b"/"):
         count, _, value = run.partition(b"*")
-        if not count.isdigit():
+        # bytes.isdigit is ASCII only; the length cap keeps int() from refusing (over
+        # 4300 digits) and costing time: a valid count is 1..16
+        if not (0 < len(count) <= _MAX_RUN_DIGITS and count.isdigit()):
             return None
         values.append(value or None)
         sizes.append(int(count))
     return (values, sizes) if sum(sizes) == GROUP_BLOCKS else None
+
+
+def _utf8_or_none(name: bytes | None) -> str | None:
+    """A registry name as text; None if absent or not UTF-8 (not written by ``APPLY``)."""
+    if name is None:
+        return None
+    try:
+        return name.decode()
+    except UnicodeDecodeError:
+        return None
 
 
 def _ends_at_group_starts(walk: Walk) -> set[int]:

@@ -10,12 +10,25 @@ the store catches Redis up and closes the breaker:
 
 * same Redis process (``run_id`` unchanged; a network blip): replay the events
   buffered while down (a bounded buffer);
-* restarted Redis (data lost) or buffer overflow: push a snapshot of the local
-  view, then the events buffered during the push.
+* restarted Redis (data lost), buffer overflow, or a write that failed while Redis
+  was up (part of it may be missing): push a snapshot of the local view, then the
+  events buffered during the push. The debt stays until a push completes: a push
+  cut short (a timeout) is made again whole at the next attempt.
+
+A restart can also go unnoticed by every call (redis-py retries a stale pooled
+connection, the store reloads a lost script): while the breaker is closed, a
+background task compares Redis's ``run_id`` every ``identity_check_s`` (1 s) and,
+when it changed, opens the breaker so that the local view is pushed.
+
+In a Redis Cluster a lookup never waits for the namespace's node to be found (that
+asks the known nodes one after another): while it is unknown, lookups are answered
+locally and the background finds it.
 
 Nothing raises to the caller; every error is counted
 (``kvgate_index_redis_errors_total``) and every lookup answered locally
-(``kvgate_index_fallbacks_total``).
+(``kvgate_index_fallbacks_total``). A lookup falls back on any exception, not only
+a Redis error: one value no ``APPLY`` wrote must not fail every request whose
+prefix reaches it.
 """
 
 from __future__ import annotations
@@ -39,6 +52,7 @@ from kvindex.types import Bound, PrefixMatch
 log = logging.getLogger(__name__)
 _ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 BATCH_BYTES = 2_000  # a buffered batch of ~16 keys with positions (tracemalloc, typical)
+IDENTITY_CHECK_S = 1.0  # how soon a Redis restart that no call noticed is resynced
 
 
 class ResilientMetrics:
@@ -77,6 +91,7 @@ class ResilientStore:
         *,
         backoff_s: tuple[float, float] = (0.05, 5.0),
         max_buffered_batches: int = 10_000,
+        identity_check_s: float = IDENTITY_CHECK_S,
     ) -> None:
         self.primary = primary
         self.local = local
@@ -86,9 +101,13 @@ class ResilientStore:
         # (pod, ops) event batches, or (pod, None) for drop_pod, while Redis is down
         self._buffer: deque[tuple[str, Sequence[IndexOp] | None]] = deque()
         self._max_buffered = max_buffered_batches
-        self._overflowed = False
+        # Redis may lack what the local view has (the buffer overflowed, a write failed
+        # while Redis was up): the next catch-up pushes a snapshot
+        self._resync_fully = False
         self._run_id: str | None = None
-        self._probe: asyncio.Task[None] | None = None
+        self._probe: asyncio.Task[None] | None = None  # recovery, while the breaker is open
+        self._identity_check_s = identity_check_s
+        self._watcher: asyncio.Task[None] | None = None  # identity checks, while closed
 
     @property
     def using_redis(self) -> bool:
@@ -96,6 +115,7 @@ class ResilientStore:
 
     async def apply(self, pod: str, ops: Sequence[IndexOp]) -> None:
         self.local.apply_now(pod, ops)
+        self._watch_identity()
         if self._state is not _State.UP:
             self._buffer_ops(pod, ops)
             return
@@ -105,13 +125,14 @@ class ResilientStore:
             await self.primary.apply(pod, ops)
         except _ERRORS as exc:
             self._failed(exc)
-            self._overflowed = True  # part of this batch may be missing: resync fully
+            self._resync_fully = True  # part of this batch may be missing
 
     async def match(self, keys: Sequence[int], block_size: int) -> PrefixMatch:
-        if self._state is _State.UP:
+        self._watch_identity()
+        if self._lookups_use_redis():
             try:
                 return await self.primary.match(keys, block_size)
-            except _ERRORS as exc:
+            except Exception as exc:  # noqa: BLE001  (a lookup never fails: see the docstring)
                 self._failed(exc)
         self.metrics.fallbacks.inc()
         return self.local.match_now(keys, block_size)
@@ -141,10 +162,11 @@ class ResilientStore:
             self._failed(exc)
 
     async def l2_writers(self, keys: Sequence[int]) -> dict[str, int]:
-        if self._state is _State.UP:
+        self._watch_identity()
+        if self._lookups_use_redis():
             try:
                 return await self.primary.l2_writers(keys)
-            except _ERRORS as exc:
+            except Exception as exc:  # noqa: BLE001  (a lookup never fails)
                 self._failed(exc)
         return self.local.l2_writers_now(keys)
 
@@ -166,7 +188,7 @@ class ResilientStore:
         if self._state is _State.UP:
             try:
                 return await self.primary.stats()
-            except _ERRORS as exc:
+            except Exception as exc:  # noqa: BLE001  (a read never fails)
                 self._failed(exc)
         return self.local.stats_now()
 
@@ -175,10 +197,11 @@ class ResilientStore:
         return {**self.local.bounds(), "index.redis_outage_buffer": buffered}
 
     async def close(self) -> None:
-        if self._probe is not None:
-            self._probe.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._probe
+        for task in (self._probe, self._watcher):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.primary.close()
         await self.local.close()
 
@@ -187,13 +210,33 @@ class ResilientStore:
     def _buffer_ops(self, pod: str, ops: Sequence[IndexOp] | None) -> None:
         if len(self._buffer) >= self._max_buffered:
             self._buffer.clear()
-            self._overflowed = True
+            self._resync_fully = True
         self._buffer.append((pod, ops))
+
+    def _lookups_use_redis(self) -> bool:
+        """Redis answers lookups while the breaker is closed and the namespace's node is
+        known. Finding that node (a cluster, at start or after it may have moved) asks
+        known nodes one after another, a socket timeout each that hangs: the recovery
+        task does it in the background, never a request."""
+        if self._state is not _State.UP:
+            return False
+        if self.primary.routed:
+            return True
+        log.info("redis index: locating the namespace's cluster node, serving the local view")
+        self._open_breaker()
+        return False
 
     def _failed(self, exc: BaseException) -> None:
         self.metrics.redis_errors.inc()
         if self._state is _State.UP:
-            log.warning("redis index unavailable, serving the local view: %r", exc)
+            unexpected = not isinstance(exc, _ERRORS)  # a bug, or a value nobody expected
+            log.warning(
+                "redis index unavailable, serving the local view: %r", exc, exc_info=unexpected
+            )
+        self._open_breaker()
+
+    def _open_breaker(self) -> None:
+        """Serve the local view until the recovery task has caught Redis up."""
         self._state = _State.DOWN
         self.metrics.redis_up.set(0)
         if self._probe is None or self._probe.done():
@@ -206,10 +249,14 @@ class ResilientStore:
             try:
                 await self._catch_up()
                 break
-            except _ERRORS as exc:
+            except Exception as exc:  # noqa: BLE001  (any failure: try again later, never give up)
                 self.metrics.redis_errors.inc()
                 self._state = _State.DOWN
-                log.debug("redis index still unavailable: %r", exc)
+                unexpected = not isinstance(exc, _ERRORS)
+                log.log(
+                    logging.WARNING if unexpected else logging.DEBUG,
+                    "redis index still unavailable: %r", exc, exc_info=unexpected,
+                )  # fmt: skip
                 delay = min(delay * 2, self._backoff[1])
         self._state = _State.UP
         self.metrics.redis_up.set(1)
@@ -222,21 +269,66 @@ class ResilientStore:
         data, entries removed meanwhile linger until their TTL."""
         run_id = await self.primary.server_id()
         self._state = _State.CATCHING_UP
-        full = run_id != self._run_id or self._overflowed
-        while True:
-            if full:
-                self._buffer.clear()  # the snapshot already contains these
-                self._overflowed = False
-                for pod, ops in self.local.snapshot():
-                    await self.primary.apply(pod, ops)
-            while self._buffer:
-                pod, maybe_ops = self._buffer[0]
-                if maybe_ops is None:
-                    await self.primary.drop_pod(pod)
-                else:
-                    await self.primary.apply(pod, maybe_ops)
-                self._buffer.popleft()
-            if not self._overflowed:
-                break
-            full = True  # overflowed while catching up: go round again
+        if run_id != self._run_id:
+            self._resync_fully = True  # a restarted Redis, or another one: it lost our data
+        # an overflow while pushing or replaying sets the flag again: go round again
+        while self._resync_fully or self._buffer:
+            if self._resync_fully:
+                await self._push_snapshot()
+            await self._replay_buffer()
         self._run_id = run_id
+
+    async def _push_snapshot(self) -> None:
+        """Push the whole local view. The resync stays owed until all of it is in Redis:
+        a push cut short (a timeout) must be made again, not skipped at the next try."""
+        self._buffer.clear()  # the snapshot already contains these
+        self._resync_fully = False  # set again by an overflow while pushing
+        try:
+            for pod, ops in self.local.snapshot():
+                await self.primary.apply(pod, ops)
+        except BaseException:
+            self._resync_fully = True
+            raise
+
+    async def _replay_buffer(self) -> None:
+        """Replay the events buffered while Redis was not in use, oldest first; an event
+        is dropped only once it reached Redis (replaying one again is harmless)."""
+        while self._buffer:
+            pod, maybe_ops = self._buffer[0]
+            if maybe_ops is None:
+                await self.primary.drop_pod(pod)
+            else:
+                await self.primary.apply(pod, maybe_ops)
+            self._buffer.popleft()
+
+    # -- identity ---------------------------------------------------------------
+
+    def _watch_identity(self) -> None:
+        """Start the identity checks with the first call (the store is built before the
+        event loop runs)."""
+        if self._watcher is None:
+            self._watcher = asyncio.get_running_loop().create_task(self._check_identity_forever())
+
+    async def _check_identity_forever(self) -> None:
+        """While the breaker is closed, ask Redis who it is every ``identity_check_s``
+        (one ``INFO server``): a restart that lost the data and that no call noticed
+        would otherwise leave the shared index without what was cached before it."""
+        while True:
+            await asyncio.sleep(self._identity_check_s)
+            if self._state is _State.UP:
+                await self._check_identity()
+
+    async def _check_identity(self) -> None:
+        try:
+            run_id = await self.primary.server_id()
+        except Exception as exc:  # noqa: BLE001  (counted and handled like any Redis failure)
+            if self._state is _State.UP:
+                self._failed(exc)
+            return
+        if self._state is not _State.UP:
+            return  # the breaker opened meanwhile: catching up compares identities itself
+        if self._run_id is None:
+            self._run_id = run_id
+        elif run_id != self._run_id:
+            log.warning("redis index restarted (new run_id): pushing the local view to it")
+            self._open_breaker()  # catching up sees the new run_id and pushes a snapshot

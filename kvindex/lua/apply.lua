@@ -22,9 +22,12 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local store = string.sub(op, 1, 1) == 'S'
 local GROUP, MAX_ENDS = 16, 32
 
+-- A value without the '|' after its writer was not written by this script (corrupt,
+-- or another version's): it decodes as held by nobody, so the write replaces it
+-- instead of failing on it (each failure would trip every replica's breaker).
 local function decode(v)
-  if not v then return '', {}, {} end
-  local bar = string.find(v, '|', 1, true)
+  local bar = v and string.find(v, '|', 1, true)
+  if not bar then return '', {}, {} end
   local order, vals = {}, {}
   for p, x in string.gmatch(string.sub(v, bar + 1), '([^=;]+)=(%d+)') do
     order[#order + 1] = p

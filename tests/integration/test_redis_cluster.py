@@ -13,7 +13,10 @@ import time
 
 import pytest
 from prometheus_client import CollectorRegistry
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
+from bench.polling import wait_for_async
 from bench.redis_server import RedisClusterServers
 from kvindex.memory_store import MemoryStore
 from kvindex.redis_store import RedisStore
@@ -102,3 +105,43 @@ async def test_a_killed_master_loses_no_routing_and_the_promoted_replica_is_caug
     finally:
         await store.close()
         await other_replica.close()
+
+
+async def test_a_lookup_never_waits_for_the_slots_master_to_be_found(
+    redis_cluster: RedisClusterServers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    primary = RedisStore(redis_cluster.url, namespace=NS + "-locate", cluster=True,
+                         socket_timeout=0.2)  # fmt: skip
+    store = ResilientStore(primary, MemoryStore(10_000), ResilientMetrics(CollectorRegistry()),
+                           backoff_s=(0.05, 0.5))  # fmt: skip
+    try:
+        await store.apply("a", [Stored(Tier.L0, K[:8])])
+        assert store.using_redis and primary.routed
+
+        async def lost_connection(_client: Redis) -> None:
+            raise RedisConnectionError("injected")
+
+        # another user of the namespace's node (the fleet's load) saw it fail: the next
+        # call must look the slot's master up again
+        with pytest.raises(RedisConnectionError):
+            await primary.on_namespace(lost_connection)
+        assert not primary.routed
+        locate = primary._master.locate
+
+        async def slow_locate(current: Redis) -> Redis:  # the first nodes asked hang
+            await asyncio.sleep(1.0)
+            return await locate(current)
+
+        monkeypatch.setattr(primary._master, "locate", slow_locate)
+
+        started = time.perf_counter()
+        answer = await store.match(K, 16)
+        elapsed = time.perf_counter() - started
+
+        assert answer.pods == {"a": PodPrefix(8, 8)}  # the local view's
+        assert elapsed < 0.5
+        await wait_for_async(lambda: store.using_redis, timeout=10.0, what="Redis in use again")
+        assert primary.routed
+        assert (await store.match(K, 16)).pods == {"a": PodPrefix(8, 8)}
+    finally:
+        await store.close()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 from prometheus_client import CollectorRegistry
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bench.polling import wait_for_async
 from bench.ports import free_port
@@ -15,8 +17,8 @@ from bench.redis_server import RedisServer
 from kvindex.memory_store import MemoryStore
 from kvindex.redis_store import RedisStore
 from kvindex.resilient_store import ResilientMetrics, ResilientStore
-from kvindex.store import Removed, Stored
-from kvindex.types import PodPrefix, Tier
+from kvindex.store import Cleared, IndexOp, Removed, Stored
+from kvindex.types import PodPrefix, PrefixMatch, Tier
 
 pytestmark = pytest.mark.redis
 K = [0xC000 + i for i in range(16)]
@@ -49,6 +51,15 @@ def counter(registry: CollectorRegistry, name: str) -> float:
 
 
 wait_until = functools.partial(wait_for_async, timeout=5.0, what="Redis to be back in use")
+
+
+async def shared_match(server: RedisServer, keys: Sequence[int]) -> PrefixMatch:
+    """What another gateway replica reads from Redis."""
+    replica = RedisStore(server.url, namespace=NS)
+    try:
+        return await replica.match(keys, 16)
+    finally:
+        await replica.close()
 
 
 async def test_crashed_redis_is_served_from_local_view_and_caught_up_after_restart(
@@ -164,3 +175,81 @@ async def test_redis_that_was_never_up_is_no_error(registry: CollectorRegistry) 
         assert not store.using_redis
     finally:
         await store.close()
+
+
+async def test_a_failed_write_reaches_redis_though_the_first_snapshot_push_failed_too(
+    store: ResilientStore, server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_apply = store.primary.apply
+    calls = 0
+
+    async def apply_failing_twice(pod: str, ops: Sequence[IndexOp]) -> None:
+        nonlocal calls
+        calls += 1
+        if calls <= 2:  # the event's own write, then the first push of the snapshot
+            raise RedisTimeoutError("injected")
+        await real_apply(pod, ops)
+
+    monkeypatch.setattr(store.primary, "apply", apply_failing_twice)
+
+    await store.apply("a", [Stored(Tier.L0, K[:4])])
+    assert not store.using_redis
+    await wait_until(lambda: store.using_redis)
+
+    local = store.local.match_now(K, 16)
+    assert local.pods == {"a": PodPrefix(4, 4)}
+    assert (await shared_match(server, K)).pods == local.pods
+    assert calls > 2  # the snapshot was pushed again after its first push failed
+
+
+async def test_a_redis_restart_that_no_call_noticed_is_resynced_from_the_local_view(
+    store: ResilientStore, server: RedisServer
+) -> None:
+    await store.apply("a", [Stored(Tier.L0, K[:4])])
+    assert (await shared_match(server, K)).pods == {"a": PodPrefix(4, 4)}
+
+    # Same port, data lost; no call of the store fails (its pooled connection would be
+    # retried transparently), so only the server's changed identity can tell.
+    server.restart()
+    deadline = time.monotonic() + 5.0
+    while (await shared_match(server, K)).pods != {"a": PodPrefix(4, 4)}:
+        assert time.monotonic() < deadline, "Redis never got the local view back"
+        await asyncio.sleep(0.05)
+
+    await wait_until(lambda: store.using_redis)
+
+
+async def test_a_lookup_that_fails_unexpectedly_is_answered_from_the_local_view(
+    store: ResilientStore, registry: CollectorRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await store.apply("a", [Stored(Tier.L0, K[:4]), Stored(Tier.L2, K[:2])])
+
+    async def broken(*args: object) -> None:
+        raise ValueError("not a Redis error: a value nobody expected, or a bug")
+
+    monkeypatch.setattr(store.primary, "match", broken)
+    monkeypatch.setattr(store.primary, "l2_writers", broken)
+
+    assert (await store.match(K, 16)).pods == {"a": PodPrefix(4, 4)}
+    assert await store.l2_writers(K) == {"a": 2}
+    assert counter(registry, "kvgate_index_fallbacks_total") >= 1
+    assert counter(registry, "kvgate_index_redis_errors_total") >= 1
+
+
+async def test_a_block_value_apply_cannot_decode_is_overwritten_not_an_error(
+    store: ResilientStore, registry: CollectorRegistry
+) -> None:
+    primary = store.primary
+    for key in K[:3]:  # corrupt, or written by another version: no "|" after the writer
+        await primary.client.set(primary.key_name(key), b"garbage")
+
+    await store.apply("a", [Stored(Tier.L0, K[:1])])
+    await store.speculate("b", K[1:2], ttl_s=60)
+    await store.apply("c", [Cleared((Tier.L0,))])  # SCANs every block key: K[2] too
+
+    assert store.using_redis
+    assert counter(registry, "kvgate_index_redis_errors_total") == 0
+    assert await primary.client.get(primary.key_name(K[0])) == f"|{primary.pod_id('a')}=1".encode()
+    speculated = await primary.client.get(primary.key_name(K[1]))
+    assert speculated.startswith(f"|{primary.pod_id('b')}=".encode())
+    assert await primary.client.get(primary.key_name(K[2])) is None  # nobody holds it

@@ -222,3 +222,62 @@ async def test_drop_pod_and_cleared_reach_the_group_summaries(store: RedisStore)
     assert (await store.match(K, 16)).l2 == 16
     _, reads = await _reads(store, K)
     assert reads == 1 + 127 + 16  # still served from the summaries
+
+
+# -- values no APPLY wrote (corruption, a foreign version): read as absent, never raised
+
+
+async def test_a_tier_digit_that_is_not_ascii_reads_as_absent(store: RedisStore) -> None:
+    await store.apply("a", [Stored(Tier.L0, K[:3])])
+    # '²' passes str.isdigit() but int() rejects it
+    await store.client.set(store.key_name(K[1]), f"|{store.pod_id('a')}=²".encode())
+
+    m = await store.match(K[:3], 16)
+
+    assert m.pods == {"a": PodPrefix(1, 1)}
+
+
+async def test_a_tier_number_too_long_for_int_reads_as_absent(store: RedisStore) -> None:
+    await store.apply("a", [Stored(Tier.L0, K[:2])])
+    # more digits than int() accepts from a string (sys.int_info.default_max_str_digits)
+    await store.client.set(store.key_name(K[1]), f"|{store.pod_id('a')}=" + "1" * 5000)
+
+    m = await store.match(K[:2], 16)
+
+    assert m.pods == {"a": PodPrefix(1, 1)}
+
+
+async def test_a_value_without_the_writer_separator_reads_as_absent(store: RedisStore) -> None:
+    await store.apply("a", [Stored(Tier.L0, K[:2]), Stored(Tier.L2, K[:2])])
+    await store.client.set(store.key_name(K[1]), b"garbage")
+
+    m = await store.match(K[:2], 16)
+
+    # not an L2 copy written by a pod named "garbage": nobody holds block 1
+    assert (m.pods, m.l2) == ({"a": PodPrefix(1, 1)}, 1)
+    assert await store.l2_writers(K[:2]) == {"a": 1}
+
+
+async def test_a_summary_run_count_too_long_for_int_falls_back_to_the_blocks(
+    store: RedisStore,
+) -> None:
+    keys = K[:32]
+    await store.apply("a", [Stored(Tier.L0, keys, chain_positions(keys))])
+    summary = store.summary_prefix + store.key_name(keys[-1])[len(store.prefix) :]
+    epoch = (await store.client.get(summary)).partition(b"#")[0]
+    await store.client.set(summary, epoch + b"#" + b"1" * 5000 + b"*x")
+
+    assert (await store.match(keys, 16)).pods == {"a": PodPrefix(32, 32)}
+
+
+async def test_a_registry_name_that_is_not_utf8_leaves_the_raw_id(
+    store: RedisStore, redis_target: RedisTarget
+) -> None:
+    await store.apply("a", [Stored(Tier.L0, K[:2])])
+    pid = store.pod_id("a")
+    await store.client.hset(store.registry, pid, b"\xff\xfe")
+    replica = redis_target.store(store.namespace)  # has not met "a": reads the registry
+    try:
+        assert (await replica.match(K[:2], 16)).pods == {pid: PodPrefix(2, 2)}
+    finally:
+        await replica.close()

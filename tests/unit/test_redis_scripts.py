@@ -10,7 +10,7 @@ from dataclasses import fields
 from importlib.resources import files
 from pathlib import Path
 
-from kvindex.redis_scripts import APPLY, ApplyArgs
+from kvindex.redis_scripts import APPLY, ApplyArgs, holders
 
 ROOT = Path(__file__).parents[2]
 
@@ -66,3 +66,14 @@ def test_an_installed_wheel_ships_and_loads_the_lua(tmp_path):
     module_file, length = done.stdout.split()
     assert module_file.startswith(str(wheel))
     assert int(length) == len(APPLY)
+
+
+def test_holders_skip_entries_whose_number_int_would_refuse():
+    # '²' passes str.isdigit(); 5000 digits exceed int()'s limit for strings
+    value = "w|sup=²;long=" + "1" * 5000 + ";ok=1"
+
+    assert holders(value.encode(), 0) == ({"ok": 1}, "w")
+
+
+def test_holders_read_a_value_without_the_writer_separator_as_absent():
+    assert holders(b"garbage", 0) == ({}, "")
