@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gateway.auth import presented_key
-from gateway.config import AdmissionSettings, AdmissionTenant, ModelSettings
+from gateway.config import AdmissionSettings, AdmissionTenant, ModelSettings, Settings
 from gateway.errors import GatewayError
 from gateway.metrics import CachedLabels
 from gateway.pods import Pod
@@ -84,6 +84,40 @@ class _Waiter:
     request: RouteRequest
     answer: IndexAnswer | None
     candidates: Callable[[], list[Pod]]
+
+
+def policy_of(s: AdmissionSettings, m: ModelSettings) -> AdmissionPolicy:
+    """A model's admission policy: its own limits and SLO where set, else the global
+    ones. Raises ValueError for values the settings accept but a policy does not."""
+    limit, queue = m.max_in_flight_per_pod, m.max_prefilling_per_pod
+    slo_ms = m.ttft_slo_ms if m.ttft_slo_ms is not None else s.ttft_slo_ms
+    return AdmissionPolicy(
+        max_in_flight_per_pod=limit if limit is not None else s.max_in_flight_per_pod,
+        max_prefilling_per_pod=queue if queue is not None else s.max_prefilling_per_pod,
+        max_queue=s.max_queue,
+        max_wait_s=s.max_wait_s,
+        ttft_slo_s=slo_ms / 1000 if slo_ms is not None else None,
+        slo_action=s.slo_action,
+        priorities=len(s.priorities),
+        max_tenants=s.max_tenants,
+    )
+
+
+def check_admission(settings: Settings) -> None:
+    """Build the admission policy of every configured model, and the default one any
+    other model gets, as the running admission control will at each model's first
+    request: a value the settings accept but a policy does not (a ``ttft_slo_ms`` so
+    small that in seconds it is 0) raises ValueError naming where, at start-up and in
+    a reload's validation (in ``Gateway.reconfigure`` it would leave the gateway half
+    reconfigured; at a request, fail the model's every request)."""
+    if not settings.admission.enabled:
+        return
+    for model in [*settings.models, ""]:  # "": a model with no settings of its own
+        try:
+            policy_of(settings.admission, settings.models.get(model) or ModelSettings())
+        except ValueError as exc:
+            where = f"models.{model}" if model in settings.models else "admission"
+            raise ValueError(f"{where}: {exc}") from None
 
 
 class Admission:
@@ -243,19 +277,8 @@ class Admission:
     def _policy(self, model: str) -> AdmissionPolicy:
         policy = self._policies.get(model)
         if policy is None:
-            s, m = self._s, self._models.get(model) or ModelSettings()
-            limit, queue = m.max_in_flight_per_pod, m.max_prefilling_per_pod
-            slo_ms = m.ttft_slo_ms if m.ttft_slo_ms is not None else s.ttft_slo_ms
-            policy = self._policies[model] = AdmissionPolicy(
-                max_in_flight_per_pod=limit if limit is not None else s.max_in_flight_per_pod,
-                max_prefilling_per_pod=queue if queue is not None else s.max_prefilling_per_pod,
-                max_queue=s.max_queue,
-                max_wait_s=s.max_wait_s,
-                ttft_slo_s=slo_ms / 1000 if slo_ms is not None else None,
-                slo_action=s.slo_action,
-                priorities=len(s.priorities),
-                max_tenants=s.max_tenants,
-            )
+            m = self._models.get(model) or ModelSettings()
+            policy = self._policies[model] = policy_of(self._s, m)
         return policy
 
     def _queue(self, model: str) -> AdmissionQueue:

@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from gateway.admin import admin_routes
+from gateway.admission import check_admission
 from gateway.apis import APIS, error_style
 from gateway.asgi import Message, Receive, Scope, Send, header_map, send_error
 from gateway.auth import require_client_key
@@ -46,6 +47,7 @@ def create_app(
     prometheus = CollectorRegistry()
     metrics = GatewayMetrics(prometheus)
     core = build_routing(settings)  # a bad strategy name or option fails here
+    check_admission(settings)  # ... and a model's admission limits no policy takes
 
     admin = _bare_app()
     for route in admin_routes():

@@ -154,10 +154,11 @@ class ModelSettings(BaseModel):
     block_size: int | None = None  # engine's --block-size; None: ``default_block_size``
     tokenizer: str | None = None  # local dir (tokenizer.json + chat template) or HF cache id
     tokenizer_mode: Literal["auto", "local", "engine"] = "auto"
-    # Admission control (``admission.enabled``): None takes the ``admission`` default.
-    max_in_flight_per_pod: int | None = None
-    max_prefilling_per_pod: int | None = None
-    ttft_slo_ms: float | None = None
+    # Admission control (``admission.enabled``): None takes the ``admission`` default,
+    # and a value is bounded as the default is (a reload checks these before applying).
+    max_in_flight_per_pod: int | None = Field(default=None, ge=0)
+    max_prefilling_per_pod: int | None = Field(default=None, ge=0)
+    ttft_slo_ms: float | None = Field(default=None, gt=0)
 
 
 class AdmissionTenant(BaseModel):

@@ -79,6 +79,16 @@ return out
 """
 _SHA = hashlib.sha1(EXCHANGE.encode()).hexdigest()
 MAX_PODS_PER_REPLICA = 4096
+# No pod has 2**31 requests or prompt tokens in flight; a larger count is another
+# replica's bug or a hostile write. Clamped here, the sum over ``max_replicas`` of
+# them still fits the host table's signed 64-bit words, and the cost model can turn it
+# into a float (a count like 10**308 cannot be).
+MAX_COUNT = 2**31 - 1
+# ``pod_key`` values: 63 bits and never 0 (0 marks a free row of the host table).
+_MAX_POD_KEY = 2**63 - 1
+# An unexpected failure of the exchange is logged with its traceback at most this often
+# (a round runs every ``interval_s``, so a persistent one would flood the log).
+_UNEXPECTED_LOG_EVERY_S = 60.0
 
 
 def encode_counts(loads: Mapping[int, PodLoad]) -> str:
@@ -90,18 +100,32 @@ def encode_counts(loads: Mapping[int, PodLoad]) -> str:
     )
 
 
+def _clamp_count(count: int) -> int:
+    return min(max(0, count), MAX_COUNT)
+
+
 def decode_counts(text: str, into: dict[int, PodLoad], max_pods: int) -> None:
-    """Add one replica's counts into ``into`` (malformed entries are skipped)."""
+    """Add one replica's counts into ``into``: malformed entries and keys no
+    ``pod_key`` can be are skipped, counts clamped to ``0..MAX_COUNT``."""
     for n, entry in enumerate(text.split(";")):
         if n >= max_pods:
             return
         key, _, counts = entry.partition(":")
         try:
-            a, b, c = (int(x) for x in counts.split(","))
+            a, b, c = (_clamp_count(int(x)) for x in counts.split(","))
             k = int(key, 16)
         except ValueError:
             continue
-        into[k] = into.get(k, PodLoad()).plus(PodLoad(max(0, a), max(0, b), max(0, c)))
+        if not 0 < k <= _MAX_POD_KEY:
+            continue
+        into[k] = into.get(k, PodLoad()).plus(PodLoad(a, b, c))
+
+
+def decode_field(value: bytes | str) -> str:
+    """A replica's field as text. Bytes that are not UTF-8 (no replica of ours writes
+    them) become U+FFFD, so the entries holding them fail to parse and are skipped
+    while the rest of the field still counts."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
 class _Poked:
@@ -207,6 +231,7 @@ class FleetLoadExchange:
         self.replicas = 0  # other live replicas at the last exchange
         self.last_rtt_s = 0.0
         self._last_ok = 0.0
+        self._last_unexpected_log_at = float("-inf")
 
     async def exchange(self) -> dict[int, PodLoad]:
         """One round trip: publish ours, return the others' summed per pod."""
@@ -217,8 +242,7 @@ class FleetLoadExchange:
         others: dict[int, PodLoad] = {}
         fields = reply[1::2][: self.max_replicas]
         for value in fields:
-            decode_counts(value.decode() if isinstance(value, bytes) else value, others,
-                          MAX_PODS_PER_REPLICA)  # fmt: skip
+            decode_counts(decode_field(value), others, MAX_PODS_PER_REPLICA)
         self.replicas = len(fields)
         self.exchanges += 1
         if self.metrics is not None:
@@ -236,19 +260,39 @@ class FleetLoadExchange:
 
     async def _run(self) -> None:
         while True:
+            # Cleared before the exchange, not after: counts that move while it is on
+            # its way were read too late for it and must make one more at once.
+            self._poked.clear()
             try:
                 self._sink(await self.exchange())
                 self._last_ok = time.monotonic()
             except (TimeoutError, RedisError, OSError) as exc:
-                self.errors += 1
-                if self.metrics is not None:
-                    self.metrics.errors.inc()
-                if time.monotonic() - self._last_ok > self.lease_ms / 1000:
-                    self._sink({})  # the others' counts are too old to route on
+                self._round_failed()
                 log.debug("fleet load exchange failed: %r", exc)
-            self._poked.clear()
+            except Exception as exc:
+                # Anything else (a bug, a field no replica of ours wrote) must cost this
+                # round only: a dead task would silently stop publishing our counts and
+                # reading the others'. CancelledError is not an Exception, so stop()
+                # still ends the task.
+                self._round_failed()
+                self._log_unexpected(exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._poked.wait(), self.interval_s)
+
+    def _round_failed(self) -> None:
+        self.errors += 1
+        if self.metrics is not None:
+            self.metrics.errors.inc()
+        if time.monotonic() - self._last_ok > self.lease_ms / 1000:
+            self._sink({})  # the others' counts are too old to route on
+
+    def _log_unexpected(self, exc: Exception) -> None:
+        now = time.monotonic()
+        if now - self._last_unexpected_log_at >= _UNEXPECTED_LOG_EVERY_S:
+            self._last_unexpected_log_at = now
+            log.error("fleet load exchange failed unexpectedly", exc_info=exc)
+        else:
+            log.debug("fleet load exchange failed unexpectedly: %r", exc)
 
     def poke(self) -> None:
         """This replica's counts changed: exchange now rather than at the next interval

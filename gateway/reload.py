@@ -33,6 +33,7 @@ import yaml
 from prometheus_client import CollectorRegistry, Counter
 
 from gateway import heap
+from gateway.admission import check_admission
 from gateway.config import Settings, SettingsSource
 from gateway.settings_diff import changed_paths, needs_restart, runtime_settings
 from routing.strategy_set import StrategySet
@@ -91,6 +92,7 @@ def validated(
         effective = runtime_settings(running, loaded)
         built = StrategySet.build(effective.strategy, effective.strategy_options,
                                   effective.model_strategies, reuse=strategies)  # fmt: skip
+        check_admission(effective)
     except Exception as exc:  # noqa: BLE001  (whatever is wrong, the running config stays)
         raise ReloadRejected(describe_error(exc)) from None
     return NewSettings(loaded, effective, built)
@@ -178,22 +180,42 @@ class Reloader:
     # -- triggers ------------------------------------------------------------------------
 
     def sighup(self) -> None:
-        """Called by the process's SIGHUP handler (``gateway.server``): reload soon."""
+        """Called for the process's SIGHUP (``SIGHUPS``): reload soon."""
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self.reload_soon, "SIGHUP")
 
     async def start(self) -> None:
-        """Watch the config file; take sibling workers' reload requests; take SIGHUP."""
+        """Watch the config file; take sibling workers' reload requests; take SIGHUP.
+
+        The running settings were read before this (then tokenizers warmed and the
+        parts started, which can take minutes): a SIGHUP or a change of the file
+        meanwhile, which the sibling workers apply, is applied now."""
         self._loop = asyncio.get_running_loop()
+        missed_sighup = SIGHUPS.attach(self)
         siblings = self._gw.scale.siblings
         if siblings is not None:
             siblings.on_reload = lambda: self.reload_soon("a sibling worker was asked to")
         path = self._source.config_file
-        if path is not None:  # the file as it is now, before anything can change it
+        if path is not None:  # the file as it is now: a change from here on is the watch's
             self._watch = asyncio.create_task(self._watch_file(path, file_signature(path)),
                                               name="kvgate-config-watch")  # fmt: skip
+        if missed_sighup:
+            self.reload_soon("SIGHUP while starting")
+        elif path is not None and self._gw.settings.reload.watch_config and self._behind():
+            self.reload_soon("config file changed while starting")
+
+    def _behind(self) -> bool:
+        """Whether the sources hold settings a reload would apply (or reject): they
+        changed since the running settings were read."""
+        gw = self._gw
+        try:
+            new = validated(self._source, gw.settings, gw.router.core.strategy_set)
+        except ReloadRejected:
+            return True  # valid when read: it changed, and ``reload`` says how
+        return any(not needs_restart(p) for p in changed_paths(gw.settings, new.loaded))
 
     async def stop(self) -> None:
+        SIGHUPS.detach(self)
         self._loop = None
         tasks = [t for t in (self._watch, *self._tasks) if t is not None]
         for task in tasks:
@@ -222,6 +244,38 @@ class Reloader:
             with contextlib.suppress(Exception):  # logged by ``reload``; watching goes on
                 await self.reload("config file changed")
 
+
+class SighupRelay:
+    """This process's SIGHUPs, passed to its running reloaders (``gateway.server``
+    installs the handler before the settings are read). One that arrives while no
+    reloader runs yet (a worker reads its settings, then warms its tokenizers and
+    starts its parts) is kept for the next to start: the sibling workers reload on it,
+    so this one must too."""
+
+    def __init__(self) -> None:
+        self._running: list[Reloader] = []
+        self._missed = False
+
+    def received(self) -> None:
+        """From the signal handler (run by the main thread between two bytecodes)."""
+        running = tuple(self._running)
+        if not running:
+            self._missed = True
+        for reloader in running:
+            reloader.sighup()
+
+    def attach(self, reloader: Reloader) -> bool:
+        """``reloader`` takes the SIGHUPs from now on; True if one came while none ran."""
+        self._running.append(reloader)
+        missed, self._missed = self._missed, False
+        return missed
+
+    def detach(self, reloader: Reloader) -> None:
+        with contextlib.suppress(ValueError):
+            self._running.remove(reloader)
+
+
+SIGHUPS = SighupRelay()
 
 Signature = tuple[int, int, int, int]
 

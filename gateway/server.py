@@ -23,12 +23,11 @@ import socket
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI
 
 from gateway.app import create_app
 from gateway.config import Settings, SettingsSource
 from gateway.http_limits import ClientConnections, guarded_protocol
-from gateway.reload import latest_settings
+from gateway.reload import SIGHUPS, latest_settings
 from gateway.workers import Supervisor, WorkerContext, default_workers, reuseport_socket
 
 log = logging.getLogger("kvgate.server")
@@ -118,6 +117,7 @@ def serve(settings: Settings, source: SettingsSource | None = None) -> None:
     if count > 1:
         serve_workers(settings, count, source)
         return
+    reload_on_sighup()
     serving = create_app(settings, source=source)
     sockets = [bind(settings.host, settings.port)]
     admin_port = None
@@ -125,7 +125,6 @@ def serve(settings: Settings, source: SettingsSource | None = None) -> None:
         sockets.append(bind(settings.admin.host, settings.admin.port))
         admin_port = sockets[-1].getsockname()[1]
     app = ByListener(serving, serving.state.admin_app, admin_port)
-    reload_on_sighup(serving)
     raise_open_files_limit(settings)
     config = uvicorn_config(settings, app, serving.state.client_connections, admin_port)
     uvicorn.Server(config).run(sockets=sockets)
@@ -147,10 +146,10 @@ def serve_workers(settings: Settings, count: int, source: SettingsSource | None 
         sockets = [reuseport_socket(settings.host, port, listen=True)]
         if admin_sock is not None:
             sockets.append(admin_sock)
+        reload_on_sighup()  # before the settings are read: a SIGHUP from here on counts
         # A worker restarted after a reload runs what its siblings reloaded.
         serving = create_app(latest_settings(source, settings), ctx, source)
         app = WorkerHeader(ByListener(serving, serving.state.admin_app, admin_port), ctx.index)
-        reload_on_sighup(serving)
         config = uvicorn_config(settings, app, serving.state.client_connections, admin_port)
         uvicorn.Server(config).run(sockets=sockets)
         return 0
@@ -191,14 +190,13 @@ def raise_open_files_limit(settings: Settings) -> int:
     return soft
 
 
-def reload_on_sighup(serving: FastAPI) -> None:
-    """SIGHUP reloads the settings of the gateway ``serving`` runs, once it runs (before,
-    the settings just read are the newest); it never stops the process."""
+def reload_on_sighup() -> None:
+    """SIGHUP reloads the settings of this process's gateway; it never stops the
+    process. One that arrives before the gateway runs (its settings read, its
+    tokenizers still warming) is kept, and acted on once it runs (``SIGHUPS``)."""
 
     def on_sighup(signum: int, frame: object) -> None:
-        gw = getattr(serving.state, "gw", None)
-        if gw is not None and gw.reloader is not None:
-            gw.reloader.sighup()
+        SIGHUPS.received()
 
     signal.signal(signal.SIGHUP, on_sighup)
 

@@ -14,6 +14,8 @@ import openai
 import pytest
 
 from bench.polling import wait_for_async
+from gateway.app import create_app
+from gateway.config import Settings
 from tests.inproc.harness import ANTHROPIC, InprocGateway, inproc_gateway
 from tests.inproc.scripted_pod import (
     MODEL,
@@ -315,3 +317,10 @@ async def test_header_names_in_the_settings_match_whatever_their_case(pod_a):
         headers = {"x-tenant-id": "batch", "x-priority": "low", "x-slo-ms": "250"}
         ticket = g.gw.admission.ticket(headers, 0.0)
         assert (ticket.tenant, ticket.priority, ticket.slo_s) == ("batch", 2, 0.25)
+
+
+def test_a_model_admission_setting_no_policy_takes_fails_at_start_naming_the_model():
+    # 5e-324 ms passes the settings' "> 0" but is 0 s, which no policy takes
+    settings = Settings(admission={"enabled": True}, models={MODEL: {"ttft_slo_ms": 5e-324}})
+    with pytest.raises(ValueError, match=f"models.{MODEL}"):
+        create_app(settings)

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,9 @@ import pytest
 import yaml
 
 from bench.polling import wait_for_async
+from gateway.app import create_app
+from gateway.config import SettingsSource
+from gateway.server import reload_on_sighup
 from tests.inproc.harness import FAST, InprocGateway, file_configured_gateway, inproc_gateway
 from tests.inproc.scripted_pod import MODEL, ScriptedPod, delta, hang, sse, stream
 
@@ -240,6 +244,39 @@ async def test_switching_admission_off_releases_every_waiting_request(tmp_path, 
         assert g.gw.admission is None and g.metric("kvgate_admission_queue_length") == 0
 
 
+@pytest.mark.parametrize(
+    ("model_settings", "reason"),
+    [
+        ({"ttft_slo_ms": 0}, f"models.{MODEL}.ttft_slo_ms: Input should be greater than 0"),
+        ({"max_in_flight_per_pod": -1},
+         f"models.{MODEL}.max_in_flight_per_pod: Input should be greater than or equal to 0"),
+        # Accepted by the settings (> 0) but 0 in seconds: only the admission policy,
+        # built by the validation, refuses it.
+        ({"ttft_slo_ms": 5e-324}, f"ValueError: models.{MODEL}: admission: max_wait_s and "
+                                  "ttft_slo_s must be > 0"),
+    ],
+    ids=["slo-0", "limit-negative", "slo-0-in-seconds"],
+)  # fmt: skip
+async def test_model_admission_settings_no_policy_takes_are_rejected_and_nothing_changes(
+    tmp_path, pod_a, model_settings, reason
+):
+    config = ConfigFile(tmp_path / "kvgate.yaml", pods=pods(pod_a), admission=ADMIT_ONE,
+                        api_keys=["k1"])  # fmt: skip
+    async with file_configured_gateway(config.path) as g:
+        key = {"authorization": "Bearer k1"}
+        assert (await g.chat(headers=key)).status_code == 200  # the model has a queue now
+        running, proxy = g.gw.settings, g.gw.proxy
+
+        config.write(api_keys=["k2"], models={MODEL: model_settings})
+        first, again = await reload(g), await reload(g)
+
+        assert first == again
+        assert (first["result"], first["reason"], first["changed"]) == ("rejected", reason, [])
+        assert g.gw.settings is running and g.gw.proxy is proxy
+        assert g.metric("kvgate_config_reloads_total", result="rejected") == 2
+        assert (await g.chat(headers=key)).status_code == 200
+
+
 async def test_a_changed_block_size_rebuilds_the_models_keys_and_a_tokenizer_its_tokenization(
     tmp_path, pod_a
 ):
@@ -290,6 +327,45 @@ async def test_a_config_file_replaced_through_a_symlink_swap_is_reloaded(tmp_pat
                              3.0, "the swapped file to be reloaded")  # fmt: skip
         assert [p.name for p in g.gw.registry.all()] == ["pod-b"]
         assert (await g.chat()).headers["x-kvgate-pod"] == "pod-b"
+
+
+async def test_a_config_file_changed_while_the_gateway_starts_is_applied_once_it_runs(
+    tmp_path, pod_a
+):
+    """A worker reads its settings, then warms its tokenizers and starts its parts
+    before its reloader watches the file: a change meanwhile, which its siblings apply,
+    must not pass it by."""
+    config = ConfigFile(tmp_path / "kvgate.yaml", pods=pods(pod_a), api_keys=["k1"],
+                        reload={"watch_interval_s": 0.05})  # fmt: skip
+    source = SettingsSource(config.path)
+    read = source.load()
+    config.write(api_keys=["k2"])  # while the gateway starts
+    app = create_app(read, source=source)
+    async with app.router.lifespan_context(app):
+        gw = app.state.gw
+        await wait_for_async(lambda: gw.settings.api_keys == ["k2"], 2.0,
+                             "the file's change applied")  # fmt: skip
+
+
+async def test_a_sighup_before_the_gateway_runs_is_acted_on_once_it_does(tmp_path, pod_a):
+    """The supervisor passes SIGHUP to every worker, a starting one too."""
+    no_watch = {"watch_config": False}  # a SIGHUP alone reloads
+    config = ConfigFile(tmp_path / "kvgate.yaml", pods=pods(pod_a), api_keys=["k1"],
+                        reload=no_watch)  # fmt: skip
+    source = SettingsSource(config.path)
+    previous = signal.getsignal(signal.SIGHUP)
+    reload_on_sighup()  # as ``kvgate serve`` does, before it reads the settings
+    try:
+        read = source.load()
+        config.write(api_keys=["k2"])
+        signal.raise_signal(signal.SIGHUP)  # while the gateway starts
+        app = create_app(read, source=source)
+        async with app.router.lifespan_context(app):
+            gw = app.state.gw
+            await wait_for_async(lambda: gw.settings.api_keys == ["k2"], 2.0,
+                                 "the SIGHUP's reload applied")  # fmt: skip
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 def stored(tokens: list[int], block: int, hashes: list[int]) -> str:

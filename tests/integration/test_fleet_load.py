@@ -5,19 +5,23 @@ single server and on a Redis Cluster (``redis_target``)."""
 from __future__ import annotations
 
 import asyncio
+import math
 import uuid
 
 import pytest
 
 from gateway.fleet_load import (
+    MAX_COUNT,
     FleetLoadExchange,
     PokingTracker,
     RemoteLoad,
     decode_counts,
     encode_counts,
 )
-from gateway.host_load import pod_key
+from gateway.host_load import HostLoadTable, pod_key
+from routing.cost_model import CostModel
 from routing.load import CombinedLoad, LoadTracker, PodLoad
+from routing.types import PodView
 from tests.conftest import RedisTarget
 
 pytestmark = pytest.mark.redis
@@ -31,6 +35,12 @@ def test_counts_round_trip_busy_pods_only_and_add_up_over_replicas():
     decode_counts(text, total, 10)
     decode_counts(f"{A:x}:1,0,0;junk;{B:x}:x,1,2", total, 10)
     assert total == {A: PodLoad(3, 300, 1)}
+
+
+def test_decoding_clamps_counts_and_skips_keys_no_pod_can_have():
+    total: dict[int, PodLoad] = {}
+    decode_counts(f"{A:x}:{10**308},{2**63},-5;0:1,1,1;{2**63:x}:1,1,1;-{B:x}:1,1,1", total, 10)
+    assert total == {A: PodLoad(MAX_COUNT, MAX_COUNT, 0)}
 
 
 class _Replica:
@@ -157,3 +167,95 @@ async def test_a_dispatch_reaches_the_other_replica_before_the_interval_ends(
         for ex in (a, b):
             await ex.stop()
             await ex.redis.close()
+
+
+async def test_a_hostile_field_neither_stops_the_exchange_nor_breaks_routing(
+    redis_target: RedisTarget,
+):
+    """Fields this replica's code never writes: bytes that are not UTF-8, and counts
+    too large for the host table's 64-bit words or for a float."""
+    table = HostLoadTable(workers=1)  # a --workers host's sink
+    remote = RemoteLoad(max_age_s=60)  # a single process's sink
+
+    def sink(loads: dict[int, PodLoad]) -> None:
+        table.set_remote(loads)
+        remote.update(loads)
+
+    ex = FleetLoadExchange(
+        redis_target.store(f"t-{uuid.uuid4().hex[:8]}"), "us", dict, sink, interval_s=0.02
+    )
+    live = b"9999999999999|"  # a deadline far ahead on the Redis server's clock
+    hostile = {
+        b"\xff": live + f"{A:x}:".encode() + b"\xff,1,1",
+        b"huge": live + f"{A:x}:{2**63},{10**308},1;{B:x}:1,2,1".encode(),
+    }
+    await ex.redis.on_namespace(lambda r: r.hset(ex.key, mapping=hostile))
+    await ex.start()
+    try:
+        for _ in range(200):
+            if ex.exchanges >= 3:
+                break
+            await asyncio.sleep(0.01)
+        assert ex.exchanges >= 3
+        assert ex._task is not None and not ex._task.done()
+        row_a, row_b = table.find(A), table.find(B)
+        assert row_a is not None and row_b is not None
+        assert table.remote_load(row_a, 60) == PodLoad(MAX_COUNT, MAX_COUNT, 1)
+        assert table.remote_load(row_b, 60) == PodLoad(1, 2, 1)
+
+        load = CombinedLoad(LoadTracker(), {"fleet": remote}).get("pod-a")
+        assert load == PodLoad(MAX_COUNT, MAX_COUNT, 1)
+        pod = PodView("pod-a", in_flight=load.in_flight, prefilling=load.prefilling,
+                      in_flight_prefill_tokens=load.prefill_tokens)  # fmt: skip
+        assert math.isfinite(CostModel().predict_ttft_s(pod, 0, 0, 0, 100))
+    finally:
+        await ex.stop()
+        await ex.redis.close()
+
+
+async def test_an_unexpected_error_costs_one_round_not_the_task(redis_target: RedisTarget):
+    rounds: list[dict[int, PodLoad]] = []
+
+    def flaky_sink(loads: dict[int, PodLoad]) -> None:
+        rounds.append(loads)
+        if len(rounds) == 1:
+            raise RuntimeError("a bug in the sink")
+
+    ex = FleetLoadExchange(
+        redis_target.store(f"t-{uuid.uuid4().hex[:8]}"), "us", dict, flaky_sink, interval_s=0.02
+    )
+    await ex.start()
+    try:
+        for _ in range(200):
+            if len(rounds) >= 3:
+                break
+            await asyncio.sleep(0.01)
+        assert len(rounds) >= 3 and ex.errors >= 1
+        assert ex._task is not None and not ex._task.done()
+    finally:
+        await ex.stop()  # a cancel still stops it
+        assert ex._task is None
+        await ex.redis.close()
+
+
+async def test_a_poke_during_an_exchange_makes_one_more_at_once(redis_target: RedisTarget):
+    """Counts that move while an exchange is on its way (here: as its answer is taken)
+    are published by the next one at once, not an interval (30 s) later."""
+    ex: FleetLoadExchange
+
+    def poke_on_first_answer(_: dict[int, PodLoad]) -> None:
+        if ex.exchanges == 1:
+            ex.poke()
+
+    ex = FleetLoadExchange(redis_target.store(f"t-{uuid.uuid4().hex[:8]}"), "us", dict,
+                           poke_on_first_answer, interval_s=30)  # fmt: skip
+    await ex.start()
+    try:
+        for _ in range(200):
+            if ex.exchanges >= 2:
+                break
+            await asyncio.sleep(0.01)
+        assert ex.exchanges == 2
+    finally:
+        await ex.stop()
+        await ex.redis.close()

@@ -7,9 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gateway.config import PodConfig, Settings, SettingsSource
-from gateway.reload import ReloadRejected, file_signature, validated
+from gateway.reload import ReloadRejected, check_admission, file_signature, validated
 from gateway.settings_diff import changed_paths, needs_restart, runtime_settings
 
 POD_A = PodConfig(name="a", url="http://10.0.0.1:8000")
@@ -97,6 +98,33 @@ def test_a_config_that_is_not_valid_is_refused_with_a_reason_that_shows_no_value
 
     assert reason in str(refused.value)
     assert "hunter2" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("admission", "models", "where"),
+    [
+        ({"enabled": True}, {"m": {"ttft_slo_ms": 5e-324}}, "models.m"),
+        ({"enabled": True, "ttft_slo_ms": 5e-324}, {}, "admission"),
+    ],
+    ids=["model", "default"],
+)
+def test_admission_settings_that_no_policy_takes_are_refused_before_anything_is_applied(
+    tmp_path: Path, admission: dict, models: dict, where: str
+):
+    """5e-324 ms passes the settings' own check (> 0) but is 0 s, which a policy
+    refuses: the validation builds the policies, so a reload says so rather than failing
+    half way through ``Gateway.reconfigure``."""
+    config = tmp_path / "kvgate.yaml"
+    config.write_text(yaml.safe_dump({"admission": admission, "models": models}))
+
+    with pytest.raises(ReloadRejected) as refused:
+        validated(SettingsSource(config), Settings(), None)
+
+    assert str(refused.value) == (
+        f"ValueError: {where}: admission: max_wait_s and ttft_slo_s must be > 0"
+    )
+    # With admission control off no policy is built, so none is checked (nor raises).
+    check_admission(Settings(admission={**admission, "enabled": False}, models=models))
 
 
 def test_a_missing_config_file_is_refused_not_read_as_no_settings(tmp_path: Path):
