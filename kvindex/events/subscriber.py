@@ -10,11 +10,13 @@
     await sub.start(); ...; await sub.stop()
 
 One SUB socket per data-parallel rank; ZMQ reconnects by itself (heartbeats catch a
-peer that vanished without closing). Per rank the subscriber tracks ``seq``:
+peer that vanished without closing), except after a frame over ``MAX_FRAME_BYTES``
+or a broken one, where it drops the connection for good and the subscriber
+reconnects instead (``forced_reconnects``). Per rank the subscriber tracks ``seq``:
 
 * ``seq == last + 1``: apply.
 * a gap: ask the replay endpoint for everything from ``last + 1`` (bounded wait),
-  apply in order, drop the live duplicates that follow.
+  apply in order up to the live frame that showed the gap; later batches come live.
 * ``seq <= last`` (outside a replay's duplicates), or a jump right after the socket
   reconnected: the engine restarted. The pod's L0/L1 is dropped (``Cleared``), the
   rank's engine-hash map reset, and the new process's history replayed from 0.
@@ -35,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import asdict, dataclass
 
 import zmq
@@ -54,9 +57,46 @@ log = logging.getLogger(__name__)
 # Live messages handled back to back before the reader yields to the event loop.
 _YIELD_EVERY = 32
 
+# Largest message frame accepted from a pod (live or replayed); ZMQ drops the
+# connection on a bigger one instead of buffering it, since up to RCVHWM live
+# messages and ``replay_max_batches`` replayed ones may be held at once.
+# vLLM's largest frame is the payload of one engine step: a step that stores 1M
+# tokens (a whole 1M-token context prefilled at once, block size 16, 32-byte hashes,
+# 5-byte token ids) encodes to 7.2 MiB, a default step (<= 16k tokens) to ~115 KiB;
+# 16 MiB leaves twice the extreme case and over 100x the usual one.
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+
+# ZMQ reports its retry (CONNECT_RETRIED) right after a DISCONNECTED it will retry;
+# after a protocol error (a frame over MAXMSGSIZE, a broken frame) it never retries,
+# and the SUB socket would stay deaf without a reconnect of our own.
+_RETRY_GRACE_S = 0.5
+
 
 def _has_message(socket: zmq.Socket[bytes]) -> bool:
     return bool(socket.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+
+
+async def _wait_readable(readable: asyncio.Event, deadline: float | None) -> None:
+    """Wait for ``readable``, or until the monotonic ``deadline`` when there is one."""
+    if deadline is None:
+        await readable.wait()
+    else:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(readable.wait(), max(0.0, deadline - time.monotonic()))
+    readable.clear()
+
+
+def _contiguous_run(replayed: dict[int, bytes]) -> list[int]:
+    """The replayed seqs from the lowest one up to the first hole.
+
+    vLLM replays a contiguous slice of its ring buffer, so a seq past a hole is not
+    one of its batches."""
+    run: list[int] = []
+    for seq in sorted(replayed):
+        if run and seq != run[-1] + 1:
+            break
+        run.append(seq)
+    return run
 
 
 def offset_port(endpoint: str, rank: int) -> str:
@@ -83,6 +123,7 @@ class RankStats:
     lost_batches: int = 0  # gap batches neither live nor replayed
     duplicates: int = 0
     restarts: int = 0
+    forced_reconnects: int = 0  # connections ZMQ dropped for good (oversized/broken frame)
     internal_errors: int = 0  # exceptions caught by the last-resort handler (bugs)
 
 
@@ -96,6 +137,7 @@ class _RankState:
     reconnected: bool = False  # reconnected since the last applied frame
     dup_from: int = 0
     dup_until: int = -1
+    retry_due_by: float | None = None  # monotonic time by which ZMQ should say it retries
 
 
 class KVEventSubscriber:
@@ -185,6 +227,7 @@ class KVEventSubscriber:
         for opt, value in (
             (zmq.LINGER, 0),
             (zmq.RCVHWM, 100_000),
+            (zmq.MAXMSGSIZE, MAX_FRAME_BYTES),
             (zmq.RECONNECT_IVL, 100),
             (zmq.RECONNECT_IVL_MAX, 5_000),
             (zmq.HEARTBEAT_IVL, self.heartbeat_ms),
@@ -192,7 +235,9 @@ class KVEventSubscriber:
         ):
             sub.setsockopt(opt, value)
         sub.setsockopt(zmq.SUBSCRIBE, self.topic)
-        monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        monitor = sub.get_monitor_socket(
+            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED
+        )
         sub.connect(st.endpoint)
         loop = asyncio.get_running_loop()
         readable = asyncio.Event()
@@ -206,14 +251,15 @@ class KVEventSubscriber:
             while True:
                 while _has_message(monitor):
                     self._on_monitor(st, monitor.recv_multipart(zmq.NOBLOCK))
+                if st.retry_due_by is not None:
+                    self._reconnect_if_abandoned(st, sub)
                 if _has_message(sub):
                     await self.handle_frames(sub.recv_multipart(zmq.NOBLOCK), st.rank)
                     handled += 1
                     if handled % _YIELD_EVERY == 0:
                         await asyncio.sleep(0)  # a flood of events must not hold the loop
                     continue
-                await readable.wait()
-                readable.clear()
+                await _wait_readable(readable, st.retry_due_by)
         finally:
             for fd in fds:
                 loop.remove_reader(fd)
@@ -229,10 +275,13 @@ class KVEventSubscriber:
         in it; those the replay covered are then dropped as duplicates."""
         try:
             replayed = await self._replay(st, 0)
-            for seq in sorted(replayed):
+            run = _contiguous_run(replayed)
+            for seq in run:
                 await self._apply(st, Frame(seq=seq, payload=replayed[seq]))
-            if st.stats.last_seq is not None:
-                st.dup_from, st.dup_until = 0, st.stats.last_seq
+            if run:
+                # Only what the replay delivered is a duplicate: a forged seq that
+                # slipped through then looks like a restart and is replayed away.
+                st.dup_from, st.dup_until = run[0], run[-1]
         except Exception:  # a bad replay must not stop the live stream
             st.stats.internal_errors += 1
             log.exception("pod %s rank %d: start-up replay failed", self.pod_id, st.rank)
@@ -262,6 +311,26 @@ class KVEventSubscriber:
         elif event == zmq.EVENT_DISCONNECTED:
             st.stats.connected = False
             st.was_disconnected = True
+            st.retry_due_by = time.monotonic() + _RETRY_GRACE_S
+        if event in (zmq.EVENT_CONNECTED, zmq.EVENT_CONNECT_RETRIED):
+            st.retry_due_by = None
+
+    def _reconnect_if_abandoned(self, st: _RankState, sub: zmq.Socket[bytes]) -> None:
+        """Reconnect ``sub`` once ZMQ let the grace pass without retrying itself."""
+        if st.retry_due_by is None or time.monotonic() < st.retry_due_by:
+            return
+        st.retry_due_by = None
+        st.stats.forced_reconnects += 1
+        log.warning(
+            "pod %s rank %d: ZMQ dropped the event stream (a frame over %d bytes or a "
+            "broken one); reconnecting",
+            self.pod_id,
+            st.rank,
+            MAX_FRAME_BYTES,
+        )
+        with contextlib.suppress(zmq.ZMQError):  # the endpoint may already be gone
+            sub.disconnect(st.endpoint)
+        sub.connect(st.endpoint)
 
     def _decode_error(self, st: _RankState) -> None:
         st.stats.decode_errors += 1
@@ -312,18 +381,20 @@ class KVEventSubscriber:
             await self._apply(st, frame)
 
     async def _catch_up(self, st: _RankState, start: int, trigger: Frame) -> None:
-        """Replay from ``start``, apply everything up to and past ``trigger`` in order."""
+        """Replay from ``start``, apply everything up to ``trigger`` in order."""
         replayed = await self._replay(st, start)
         replayed.setdefault(trigger.seq, trigger.payload)
         if start > 0:  # from 0 is a bootstrap: earlier batches may simply be gone
             got = sum(1 for s in replayed if start <= s < trigger.seq)
             st.stats.lost_batches += trigger.seq - start - got
-        for seq in sorted(replayed):
+        # Only the gap up to the live trigger is trusted: a seq past it would become
+        # ``last_seq`` and turn every later live batch into a "duplicate". Genuine
+        # batches past the trigger are already queued on the SUB socket.
+        for seq in sorted(s for s in replayed if start <= s <= trigger.seq):
             last = st.stats.last_seq
-            if seq >= start and (last is None or seq > last):
+            if last is None or seq > last:
                 await self._apply(st, Frame(seq=seq, payload=replayed[seq]))
-        # Live frames after the trigger that the replay already delivered.
-        st.dup_from, st.dup_until = trigger.seq + 1, st.stats.last_seq or 0
+        st.dup_from, st.dup_until = 0, -1
 
     async def _replay(self, st: _RankState, start: int) -> dict[int, bytes]:
         if st.replay_endpoint is None:
@@ -332,6 +403,7 @@ class KVEventSubscriber:
         self.metrics.replays.labels(pod=self.pod_id).inc()
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         dealer.connect(st.replay_endpoint)
         try:
             return await asyncio.wait_for(

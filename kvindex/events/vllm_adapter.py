@@ -52,6 +52,9 @@ STORED_FIELDS = (
 STORED_REQUIRED = 4  # block_hashes, parent_block_hash, token_ids, block_size
 REMOVED_FIELDS = ("block_hashes", "medium", "group_idx", "locality", "ownership")
 REMOVED_REQUIRED = 1
+# vLLM's bytes hashes are 32-byte digests (sha256, or a shorter xxhash); twice that
+# leaves room for a longer digest without letting one hash pin megabytes in the map.
+MAX_HASH_BYTES = 64
 
 _decoder = msgspec.msgpack.Decoder()
 
@@ -91,7 +94,9 @@ def decode_payload(payload: bytes) -> EngineBatch:
     """Decode one msgpack batch payload (raises ``MalformedPayload``)."""
     try:
         obj = _decoder.decode(payload)
-    except (msgspec.DecodeError, ValueError, TypeError) as exc:
+    # RecursionError: arrays nested deeper than the interpreter allows (a few bytes
+    # per level); no vLLM batch nests more than a handful of levels.
+    except (msgspec.DecodeError, ValueError, TypeError, RecursionError) as exc:
         raise MalformedPayload(f"not msgpack: {type(exc).__name__}") from None
     return batch_from_obj(obj)
 
@@ -194,13 +199,16 @@ def _hash(h: Any) -> EngineHash:
     """uint64 int (negative ints from old signed hashes wrap), bytes, or hex text (JSON)."""
     if type(h) is int:
         return h & MASK64
-    if isinstance(h, bytes):
-        return h
     if isinstance(h, str):
         try:
-            return bytes.fromhex(h)
+            h = bytes.fromhex(h)
         except ValueError:
-            pass
+            raise _BadEvent("block hash text is not hex") from None
+    if isinstance(h, bytes):
+        # Kept as an engine-map key, whose memory bound (ENTRY_BYTES) assumes a digest.
+        if len(h) > MAX_HASH_BYTES:
+            raise _BadEvent("block hash longer than any engine hash")
+        return h
     raise _BadEvent("block hash is not an int or bytes")
 
 

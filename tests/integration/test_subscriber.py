@@ -17,9 +17,10 @@ import pytest
 import zmq
 import zmq.asyncio
 from prometheus_client import CollectorRegistry
+from zmq.utils.monitor import parse_monitor_message
 
 from bench.polling import wait_for_async
-from kvindex.events.subscriber import KVEventSubscriber
+from kvindex.events.subscriber import MAX_FRAME_BYTES, KVEventSubscriber
 from kvindex.keyer import BlockKeyer
 from kvindex.memory_store import MemoryStore
 from kvindex.metrics import EventMetrics
@@ -31,6 +32,7 @@ BS = 4
 KEYER = BlockKeyer("tiny", BS)
 TOKENS = list(range(500, 540))  # 10 blocks
 END = (2**64 - 1).to_bytes(8, "big")
+FORGED_SEQ = 2**64 - 2  # the highest seq that is not the replay's end marker
 
 
 def stored(i, medium="GPU"):
@@ -239,6 +241,7 @@ async def test_engine_restart_clears_the_pod_and_relearns_from_the_new_process(c
         Stored(Tier.L0, [keys[0]]),
     ]
     assert registry.get_sample_value("kvgate_kv_engine_restarts_total", {"pod": "pod-a"}) == 1
+    assert sub.stats[0]["forced_reconnects"] == 0  # ZMQ retried this one itself
     await sub.stop()
     await pub.close()
 
@@ -297,6 +300,74 @@ async def test_malformed_frames_are_counted_and_the_stream_goes_on(ctx):
     await pub.close()
 
 
+async def test_a_forged_seq_past_the_gap_in_a_replay_does_not_stall_the_live_stream(ctx):
+    pub, store = Publisher(ctx), RecordingStore()
+    sub = await connected_subscriber(pub, store, bootstrap_replay=False)
+    await pub.publish(stored(0))
+    await pub.publish(stored(1), live=False)
+    pub.buffer.append((FORGED_SEQ, msgspec.msgpack.encode([time.time(), [stored(9)], 0])))
+    await pub.publish(stored(2))  # the gap: the replay answers 1, the forged seq, 2
+    await wait_until(lambda: sub.stats[0]["last_seq"] == 2)
+    await pub.publish(stored(3))
+    await wait_until(lambda: sub.stats[0]["last_seq"] == 3)
+    assert stored_keys(store) == KEYER.keys(TOKENS[:16])
+    assert (sub.stats[0]["duplicates"], sub.stats[0]["restarts"]) == (0, 0)
+    await sub.stop()
+    await pub.close()
+
+
+def padded(event, size):
+    """A batch of ``event`` and an unknown field that makes the payload ``size`` bytes."""
+    body = msgspec.msgpack.encode([time.time(), [{**event, "pad": b""}], 0])
+    header_growth = 3  # msgpack: b"" has a 2-byte bin header, megabytes a 5-byte one
+    pad = b"\0" * (size - len(body) - header_growth)
+    return msgspec.msgpack.encode([time.time(), [{**event, "pad": pad}], 0])
+
+
+async def next_monitor_event(monitor):
+    frames = await asyncio.wait_for(monitor.recv_multipart(), 5.0)
+    return parse_monitor_message(frames)["event"]
+
+
+async def test_a_live_frame_over_the_size_bound_is_refused_and_the_next_one_applied(ctx):
+    pub, store = Publisher(ctx), RecordingStore()
+    sub = await connected_subscriber(pub, store, bootstrap_replay=False)
+    await pub.publish(stored(0))
+    await wait_until(lambda: sub.stats[0]["last_seq"] == 0)
+    monitor = pub.pub.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED)
+    oversized = padded(stored(9), MAX_FRAME_BYTES + 1)
+    assert len(oversized) == MAX_FRAME_BYTES + 1
+    await pub.pub.send_multipart([b"kv", (1).to_bytes(8, "big"), oversized])  # not buffered
+    # ZMQ drops the connection rather than take the frame; the subscriber reconnects.
+    assert await next_monitor_event(monitor) == zmq.EVENT_DISCONNECTED
+    assert await next_monitor_event(monitor) == zmq.EVENT_ACCEPTED
+    await asyncio.sleep(0.2)  # let the subscription reach the PUB socket again
+    await pub.publish(stored(1))  # seq 1, the seq the oversized frame claimed
+    await wait_until(lambda: sub.stats[0]["last_seq"] == 1)
+    assert stored_keys(store) == KEYER.keys(TOKENS[:8])
+    assert (sub.stats[0]["forced_reconnects"], sub.stats[0]["restarts"]) == (1, 0)
+    pub.pub.disable_monitor()
+    monitor.close(0)
+    await sub.stop()
+    await pub.close()
+
+
+async def test_a_replayed_frame_over_the_size_bound_is_not_applied(ctx):
+    pub, store = Publisher(ctx), RecordingStore()
+    sub = await connected_subscriber(pub, store, bootstrap_replay=False)
+    await pub.publish(stored(0))
+    await wait_until(lambda: sub.stats[0]["last_seq"] == 0)
+    pub.buffer.append((1, padded(stored(1), MAX_FRAME_BYTES + 1)))
+    pub.seq = 2
+    await pub.publish(stored(2))  # the gap: the replay's first answer is oversized
+    await wait_until(lambda: sub.stats[0]["last_seq"] == 2)
+    # Block 2's parent never arrived, so only block 0 is known.
+    assert stored_keys(store) == KEYER.keys(TOKENS[:4])
+    assert (sub.stats[0]["lost_batches"], sub.stats[0]["replay_timeouts"]) == (1, 1)
+    await sub.stop()
+    await pub.close()
+
+
 # -- warm start: a gateway that joins or restarts learns an idle pod's cache at once ------
 
 
@@ -345,3 +416,18 @@ async def test_without_a_replay_endpoint_a_subscriber_is_warm_at_once(ctx):
     sub = KVEventSubscriber("pod-a", "tcp://127.0.0.1:1", None, KEYER, RecordingStore(),
                             warm_start=True, context=ctx)  # fmt: skip
     assert sub.warmed.is_set()
+
+
+async def test_a_forged_seq_in_a_warm_replay_does_not_stall_the_live_stream(ctx):
+    pub, store = Publisher(ctx), RecordingStore()
+    for i in range(2):
+        await pub.publish(stored(i))
+    pub.buffer.append((FORGED_SEQ, msgspec.msgpack.encode([time.time(), [stored(9)], 0])))
+    sub = await connected_subscriber(pub, store, warm_start=True)
+    await asyncio.wait_for(sub.warmed.wait(), 2.0)
+    assert sub.stats[0]["last_seq"] == 1
+    await pub.publish(stored(2))
+    await wait_until(lambda: sub.stats[0]["last_seq"] == 2)
+    assert stored_keys(store) == KEYER.keys(TOKENS[:12])
+    await sub.stop()
+    await pub.close()

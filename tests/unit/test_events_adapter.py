@@ -169,6 +169,12 @@ def test_a_payload_that_is_not_a_batch_raises_malformed_payload(payload):
         decode_payload(payload)
 
 
+def test_msgpack_nested_deeper_than_the_interpreter_allows_is_malformed():
+    nested = b"\x91" * 200_000 + b"\x00"  # 200,000 one-element arrays around a 0
+    with pytest.raises(MalformedPayload):
+        decode_payload(nested)
+
+
 def test_a_map_shaped_batch_from_intermediate_releases_is_accepted():
     payload = msgspec.msgpack.encode(
         {"ts": 3.0, "events": [{"type": "AllBlocksCleared"}], "data_parallel_rank": 1}

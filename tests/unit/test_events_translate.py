@@ -93,6 +93,16 @@ async def test_bytes_hashes_map_like_int_hashes():
     assert store.ops() == [Stored(Tier.L0, keys), Removed(Tier.L0, [keys[1]])]
 
 
+async def test_a_bytes_hash_longer_than_any_digest_is_malformed_and_never_kept():
+    ing, store, registry = setup()
+    huge = b"\x01" * 1_000_000  # would pin a megabyte per engine-map entry
+    await ing.apply_payload(payload(stored([huge], None, TOKENS[:4])))
+    assert store.ops() == []
+    assert len(ing.translator(0).map) == 0
+    assert ing.translator(0).stats.malformed == 1
+    assert sample(registry, "kvgate_kv_event_decode_errors_total", pod="p") == 1
+
+
 async def test_tokenless_offload_events_resolve_through_the_learnt_map():
     ing, store, _ = setup()
     await ing.apply_payload(payload(stored([1, 2], None, TOKENS[:8])))
