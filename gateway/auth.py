@@ -28,7 +28,7 @@ def presented_key(headers: Mapping[str, str]) -> str | None:
 
 def key_matches(token: str | None, keys: Sequence[str]) -> bool:
     """Whether ``token`` is one of ``keys``, in time independent of where it differs."""
-    if token is None:
+    if not token:  # no key, or an empty one: never a match (not even an empty key)
         return False
     presented = token.encode()
     found = False

@@ -30,6 +30,9 @@ _yaml_path: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
 )
 
 
+MAX_DP_RANKS = 64  # data-parallel engines behind one pod's address
+
+
 class PodConfig(BaseModel):
     """One upstream inference pod (a vLLM server or a simulated one)."""
 
@@ -38,7 +41,9 @@ class PodConfig(BaseModel):
     models: list[str] = Field(default_factory=list)  # empty: learned from /v1/models
     kv_events: str | None = None  # e.g. tcp://10.0.0.5:5557 (vLLM's ZMQ PUB)
     kv_replay: str | None = None  # e.g. tcp://10.0.0.5:5558 (vLLM's replay ROUTER)
-    dp_ranks: int = 1  # data-parallel rank r publishes on port + r
+    # data-parallel rank r publishes on port + r; each rank is a subscription (two
+    # sockets), so a pod (or a pod's annotation, with discovery) cannot ask for millions
+    dp_ranks: int = Field(default=1, ge=1, le=MAX_DP_RANKS)
     api_key: str | None = None  # sent upstream as the Authorization; never the client's key
     # This pod's own credential for POST /admin/kv-events (events for itself only).
     events_key: str | None = None
@@ -47,6 +52,19 @@ class PodConfig(BaseModel):
     @classmethod
     def _strip_slash(cls, v: str) -> str:
         return v.rstrip("/")
+
+    @field_validator("events_key")
+    @classmethod
+    def _usable_events_key(cls, v: str | None) -> str | None:
+        return None if v is None else _checked_keys([v])[0]
+
+    @model_validator(mode="after")
+    def _ranks_have_ports(self) -> PodConfig:
+        for endpoint in (self.kv_events, self.kv_replay):
+            port = endpoint.rsplit(":", 1)[-1] if endpoint and endpoint.startswith("tcp://") else ""
+            if port.isdigit() and int(port) + self.dp_ranks - 1 > 65535:
+                raise ValueError(f"{endpoint} with {self.dp_ranks} ranks passes port 65535")
+        return self
 
 
 def parse_pod_flag(spec: str) -> PodConfig:
@@ -109,6 +127,11 @@ class AdminSettings(BaseModel):
     @classmethod
     def _split_keys(cls, v: Any) -> Any:
         return _split_list(v)
+
+    @field_validator("api_keys")
+    @classmethod
+    def _usable_keys(cls, v: list[str]) -> list[str]:
+        return _checked_keys(v)
 
 
 class TenantIsolation(BaseModel):
@@ -173,6 +196,11 @@ class AdmissionTenant(BaseModel):
     @classmethod
     def _split_keys(cls, v: Any) -> Any:
         return _split_list(v)
+
+    @field_validator("api_keys")
+    @classmethod
+    def _usable_keys(cls, v: list[str]) -> list[str]:
+        return _checked_keys(v)
 
 
 class AdmissionSettings(BaseModel):
@@ -294,7 +322,8 @@ class TracingSettings(BaseModel):
     service_name: str = "kvgate"
     sample_ratio: float = Field(default=1.0, ge=0, le=1)  # of traces the gateway starts
     timeout_s: float = Field(default=10.0, gt=0)  # one export
-    max_queued_spans: int = Field(default=2048, ge=1)  # beyond: dropped until exported
+    # beyond: dropped until exported; at least one export batch (OTel's 512 spans)
+    max_queued_spans: int = Field(default=2048, ge=512)
 
 
 class ReloadSettings(BaseModel):
@@ -368,6 +397,11 @@ class Settings(BaseSettings):
     def _split_keys(cls, v: Any) -> Any:
         return _split_list(v)
 
+    @field_validator("api_keys")
+    @classmethod
+    def _usable_keys(cls, v: list[str]) -> list[str]:
+        return _checked_keys(v)
+
     @model_validator(mode="after")
     def _secure_defaults(self) -> Settings:
         admin = self.admin
@@ -419,6 +453,16 @@ class Settings(BaseSettings):
         if path is not None:
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
         return tuple(sources)
+
+
+def _checked_keys(keys: list[str]) -> list[str]:
+    """Keys as configured: an empty key would match a client sending an empty header
+    (a template that rendered nothing must fail, not open the door), and one with
+    surrounding blanks could never be presented."""
+    for key in keys:
+        if not key or key != key.strip():
+            raise ValueError("an API key must be non-empty, without surrounding blanks")
+    return keys
 
 
 def _split_list(v: Any) -> Any:
