@@ -27,6 +27,7 @@ from gateway.auth import bearer_token, key_matches
 from gateway.errors import GatewayError
 from gateway.http_limits import read_limited
 from gateway.in_flight import limits_of
+from gateway.kv import EventsNotShared
 from gateway.openai_body import parse_body
 from kvindex.events.http_ingest import BadEventsBody
 
@@ -83,6 +84,10 @@ async def kv_events(request: Request) -> Response:
         applied = await gw.kv.ingest_http(pod, body, request.headers.get("content-type", ""))
     except (BadEventsBody, ValueError) as exc:
         raise GatewayError(400, f"bad KV event body: {exc}") from None
+    except EventsNotShared as exc:  # nothing applied: the poster may send it again
+        raise GatewayError(503, f"{exc}; nothing was applied, retry (a smaller body "
+                           "if it is over half of scale_out.worker_bus_bytes)",
+                           headers={"retry-after": "1"}) from None  # fmt: skip
     return JSONResponse({"applied_ops": applied})
 
 

@@ -75,7 +75,7 @@ class GatewayError(Exception):
             json.dumps(self.body(style)),
             status_code=self.status,
             media_type="application/json",
-            headers=headers,
+            headers=headers if headers is not None else (self.headers or None),
         )
 
 

@@ -33,6 +33,7 @@ from kvindex.deferred import DeferredSpeculations
 from kvindex.events.http_ingest import decode_http_events
 from kvindex.events.ingest import PodIngestor
 from kvindex.events.subscriber import KVEventSubscriber
+from kvindex.events.types import EngineBatch
 from kvindex.instrumented import InstrumentedStore
 from kvindex.keyer import BlockKeyer
 from kvindex.memory_store import MemoryStore
@@ -273,15 +274,21 @@ class KvIndex:
     async def ingest_http(self, pod: Pod, body: bytes, content_type: str) -> int:
         """``POST /admin/kv-events``: batches in vLLM's schema as msgpack or JSON.
 
-        Sibling workers get the body too: an HTTP post reaches one worker only."""
-        applied = await self.apply_http_events(pod, body, content_type)
-        if self.peers is not None:
-            self.peers.events_posted(pod.name, body, content_type)
-        return applied
+        Sibling workers get the body too: an HTTP post reaches one worker only. It is
+        checked first (a bad body reaches no worker) and applied here only once the
+        siblings have it: a body the workers' bus cannot carry (over half a ring, a
+        ring held too long) raises ``EventsNotShared`` with nothing applied, so the
+        poster is told and may retry, and the workers' indexes stay one."""
+        batches = decode_http_events(body, content_type)
+        if self.peers is not None and not self.peers.events_posted(pod.name, body, content_type):
+            raise EventsNotShared(f"KV events for {pod.name} could not reach the sibling workers")
+        return await self._apply_batches(pod, batches)
 
     async def apply_http_events(self, pod: Pod, body: bytes, content_type: str) -> int:
         """Apply one ``/admin/kv-events`` body to this worker's index."""
-        batches = decode_http_events(body, content_type)
+        return await self._apply_batches(pod, decode_http_events(body, content_type))
+
+    async def _apply_batches(self, pod: Pod, batches: Sequence[EngineBatch]) -> int:
         sub = self._subscribers.get(pod.name)
         # One engine-hash map per pod, whichever way its events arrive.
         ingestor = sub.ingestor if sub is not None else self._http_ingestors.get(pod.name)
@@ -378,8 +385,13 @@ class IndexPeers(Protocol):
     def speculated(self, pod: str, keys: Sequence[int]) -> None:
         """This worker recorded a speculation the siblings' indexes need too."""
 
-    def events_posted(self, pod: str, body: bytes, content_type: str) -> None:
-        """This worker applied an HTTP event body the siblings must apply too."""
+    def events_posted(self, pod: str, body: bytes, content_type: str) -> bool:
+        """An HTTP event body the siblings must apply too, published to them before this
+        worker applies it; False if it could not be."""
+
+
+class EventsNotShared(RuntimeError):
+    """A posted event body the sibling workers could not be given (nothing applied)."""
 
 
 def _base_model(pod: Pod) -> str | None:

@@ -185,9 +185,12 @@ class Siblings:
             deadline = time.monotonic() + self._ttl_s
             self.endpoint.publish(SPECULATE, encode_speculation(pod, keys, deadline))
 
-    def events_posted(self, pod: str, body: bytes, content_type: str) -> None:
+    def events_posted(self, pod: str, body: bytes, content_type: str) -> bool:
+        """Publish a posted body to the siblings; False if the bus refused it."""
         if not self.endpoint.publish(HTTP_EVENTS, encode_events(pod, body, content_type)):
             log.warning("KV events posted for %s did not reach the sibling workers", pod)
+            return False
+        return True
 
     def drain(self) -> None:
         """Apply what the siblings published since the last drain (before a routing)."""

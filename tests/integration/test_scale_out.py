@@ -114,26 +114,43 @@ def test_two_workers_send_a_prefix_aware_conversation_to_one_pod(fleet, system_p
     assert {pod for _, pod in answers} == {first}
 
 
-def test_events_posted_to_one_worker_reach_every_worker(fleet):
+def test_events_posted_to_one_worker_reach_every_worker_or_none(fleet):
     pods = [(p.name, _spec(p, events=False)) for p in fleet]  # no ZMQ: HTTP events only
     tokens = list(range(1000, 1000 + 3 * BLOCK + 5))
-    batch = [time.time(), [{"type": "BlockStored", "block_hashes": [21, 22, 23],
-             "parent_block_hash": None, "token_ids": tokens[: 3 * BLOCK], "block_size": BLOCK,
-             "lora_id": None, "medium": "GPU", "lora_name": None}], None]  # fmt: skip
-    with run_gateway(pods, strategy="kv-aware", env=_env(), workers=2) as gw:
-        r = httpx.post(
-            f"{gw.admin}/admin/kv-events?pod={fleet[1].name}",
-            content=json.dumps(batch),
-            headers={"content-type": "application/json"},
-        )
-        assert r.status_code == 200
+    stored = {"type": "BlockStored", "block_hashes": [21, 22, 23], "parent_block_hash": None,
+              "token_ids": tokens[: 3 * BLOCK], "block_size": BLOCK, "lora_id": None,
+              "medium": "GPU", "lora_name": None}  # fmt: skip
+    ring = 64 * 1024
+    env = _env(KVGATE_SCALE_OUT__WORKER_BUS_BYTES=str(ring))
 
+    def post(event: dict) -> httpx.Response:
+        return httpx.post(f"{gw.admin}/admin/kv-events?pod={fleet[1].name}",
+                          content=json.dumps([time.time(), [event], None]),
+                          headers={"content-type": "application/json"})  # fmt: skip
+
+    def placements() -> set[tuple[str, str, int]]:
         answers = set()
-        for _ in range(16):
+        for _ in range(16):  # new connections: the kernel spreads them over both workers
             with httpx.Client(timeout=30) as client:
                 body = {"model": MODEL, "prompt": tokens, "max_tokens": 1}
                 r = client.post(f"{gw}/v1/completions", json=body)
             answers.add((r.headers["x-kvgate-worker"], *_routed(r)))
+        return answers
+
+    with run_gateway(pods, strategy="kv-aware", env=env, workers=2) as gw:
+        # Over half a ring: the bus cannot carry it, so no worker applies it
+        too_big = post({**stored, "padding": "x" * ring})  # unknown fields are ignored
+        assert too_big.status_code == 503 and too_big.headers["retry-after"] == "1"
+        assert "nothing was applied" in too_big.json()["error"]["message"]
+        held: dict[str, dict] = {}  # per worker, what its index holds of the prompt
+        for _ in range(40):  # new connections to the shared admin socket reach both
+            lookup = httpx.post(f"{gw.admin}/admin/index/lookup",
+                                json={"model": MODEL, "prompt": tokens})  # fmt: skip
+            held[lookup.headers["x-kvgate-worker"]] = lookup.json()["pods"]
+        assert held == {"0": {}, "1": {}}
+
+        assert post(stored).status_code == 200
+        answers = placements()
 
     assert answers == {("0", fleet[1].name, 3 * BLOCK), ("1", fleet[1].name, 3 * BLOCK)}
 
