@@ -4,7 +4,11 @@ List, then watch, as client-go's reflector does: list the namespace's pods by la
 selector, reconcile, then watch from the list's ``resourceVersion``. A watch that
 ends (the server-side timeout) resumes from the last version seen; ``410 Gone``
 (the version fell out of the API server's watch cache) re-lists; any other error
-backs off exponentially, with jitter, and resumes. RBAC: get/list/watch on pods.
+backs off exponentially, with jitter, and resumes. So does a ``410`` again before any
+watch has delivered an event or lasted a second, and a watch that ends within a
+second without an event (client-go's "very short watch"): a proxy or API server that
+does either every time gets a growing pause, not lists and watches back to back.
+RBAC: get/list/watch on pods.
 
 Everything a pod contributes is read from the pod object itself: the IP from
 ``status.podIP``; the HTTP port from the ``kvgate.io/port`` annotation or the
@@ -13,6 +17,11 @@ label (neither: learned from the pod's ``/v1/models``); vLLM's KV-event endpoint
 from the ``kvgate.io/kv-events-port`` and ``kvgate.io/kv-replay-port`` annotations.
 A pod is routable while it is Running, Ready and not terminating: a pod given a
 ``deletionTimestamp`` leaves routing at once, while it still drains its requests.
+
+A malformed pod object (a field of the wrong shape, a ``podIP`` that is not an IP
+address, a port outside 1..65535) is counted and skipped; the rest of its list or
+watch is applied. Discovery never touches a pod it did not add: a discovered pod
+named like a statically configured one is counted (``name_conflict``) and ignored.
 """
 
 from __future__ import annotations
@@ -20,9 +29,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import ipaddress
 import json
 import logging
 import random
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -32,16 +43,28 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from gateway.config import DiscoverySettings, PodConfig
 
 if TYPE_CHECKING:
-    from gateway.pods import PodRegistry
+    from gateway.pods import Pod, PodRegistry
 
 log = logging.getLogger("kvgate.discovery")
 
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 _EVENT_TYPES = {"ADDED", "MODIFIED", "DELETED", "BOOKMARK"}
+# client-go's "very short watch": one that ends this soon without an event is an error
+_SHORT_WATCH_S = 1.0
+# kvgate_discovery_errors' causes, a fixed vocabulary: gone, short_watch, http_Nxx,
+# connection, other (API trouble); bad_object, capacity, name_conflict (pods skipped)
 
 
 class WatchGone(Exception):
     """The API server no longer holds our resourceVersion: list again."""
+
+    def __init__(self, after_healthy_watch: bool) -> None:
+        super().__init__("410 Gone")
+        self.after_healthy_watch = after_healthy_watch  # it delivered events or lasted
+
+
+class ShortWatch(Exception):
+    """The watch ended at once without an event: a sick server or proxy, so back off."""
 
 
 class PodSink(Protocol):
@@ -51,16 +74,23 @@ class PodSink(Protocol):
 
     async def remove(self, name: str) -> None: ...
 
+    def owned_elsewhere(self, name: str) -> bool:
+        """True while ``name`` holds a pod this sink did not add (a static one)."""
+        ...
+
 
 def is_routable(pod: Mapping[str, Any]) -> bool:
-    """Running, Ready, has an IP and is not being deleted."""
-    meta = pod.get("metadata") or {}
-    status = pod.get("status") or {}
+    """Running, Ready, has an IP and is not being deleted.
+
+    Raises TypeError for a field of the wrong shape (the caller counts and skips it).
+    """
+    meta = _object(pod, "metadata")
+    status = _object(pod, "status")
     if meta.get("deletionTimestamp"):
         return False
     if status.get("phase") != "Running" or not status.get("podIP"):
         return False
-    conditions = status.get("conditions") or []
+    conditions = _objects(status, "conditions")
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
@@ -72,16 +102,18 @@ def pod_config(pod: Mapping[str, Any], s: DiscoverySettings) -> PodConfig | None
     """
     if not is_routable(pod):
         return None
-    meta = pod["metadata"]
-    annotations: Mapping[str, str] = meta.get("annotations") or {}
-    labels: Mapping[str, str] = meta.get("labels") or {}
-    ip = str(pod["status"]["podIP"])
-    host = f"[{ip}]" if ":" in ip else ip  # IPv6 pod IPs need brackets in URLs
-    model = annotations.get(s.model_annotation) or labels.get(s.model_label)
+    meta = _object(pod, "metadata")
+    name = _text(meta, "name")
+    if not name:
+        raise KeyError("metadata.name")
+    annotations = _object(meta, "annotations")
+    labels = _object(meta, "labels")
+    host = _url_host(_object(pod, "status")["podIP"])
+    model = _text(annotations, s.model_annotation) or _text(labels, s.model_label)
     events = _port(annotations.get(s.kv_events_annotation)) or s.kv_events_port
     replay = _port(annotations.get(s.kv_replay_annotation)) or s.kv_replay_port
     return PodConfig(
-        name=str(meta["name"]),
+        name=name,
         url=f"{s.scheme}://{host}:{_http_port(pod, s)}",
         models=[model] if model else [],
         kv_events=f"tcp://{host}:{events}" if events else None,
@@ -90,24 +122,79 @@ def pod_config(pod: Mapping[str, Any], s: DiscoverySettings) -> PodConfig | None
     )
 
 
+def _object(parent: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    """``parent[key]`` as a JSON object, {} when absent; TypeError for another shape
+    (the API's JSON is trusted for nothing: a string here must not crash the list)."""
+    value = parent.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{key} is a {type(value).__name__}, not an object")
+    return value
+
+
+def _objects(parent: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    """``parent[key]`` as a list of JSON objects, [] when absent; TypeError otherwise."""
+    value = parent.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
+        raise TypeError(f"{key} is not a list of objects")
+    return value
+
+
+def _text(parent: Mapping[str, Any], key: str) -> str | None:
+    """``parent[key]`` as a string, None when absent; TypeError for another type."""
+    value = parent.get(key)
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{key} is a {type(value).__name__}, not a string")
+    return value
+
+
+def _url_host(pod_ip: object) -> str:
+    """The pod IP as a URL's host. Anything but a plain IP address is a ValueError: the
+    value goes into URLs verbatim, so "evil.example.com/x#" would send traffic there."""
+    if not isinstance(pod_ip, str):
+        raise TypeError(f"podIP is a {type(pod_ip).__name__}, not a string")
+    ip = ipaddress.ip_address(pod_ip)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.scope_id:
+        raise ValueError(f"podIP {pod_ip!r} has a zone")  # "%zone" is no part of a URL host
+    return f"[{ip}]" if ip.version == 6 else str(ip)  # IPv6 needs brackets in URLs
+
+
 def _port(value: object) -> int | None:
     if value is None or value == "":
         return None
-    port = int(str(value))
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise TypeError(f"port is a {type(value).__name__}")
+    port = int(value)
     if not 0 < port < 65536:
         raise ValueError(f"port {port} out of range")
     return port
 
 
 def _http_port(pod: Mapping[str, Any], s: DiscoverySettings) -> int:
-    annotated = _port((pod["metadata"].get("annotations") or {}).get(s.port_annotation))
+    annotated = _port(_object(_object(pod, "metadata"), "annotations").get(s.port_annotation))
     if annotated is not None:
         return annotated
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        for port in container.get("ports") or []:
+    for container in _objects(_object(pod, "spec"), "containers"):
+        for port in _objects(container, "ports"):
             if port.get("name") == s.port_name:
-                return int(port["containerPort"])
+                return _port(port["containerPort"]) or s.default_port
     return s.default_port
+
+
+def _pod_name(obj: object) -> str | None:
+    """The name of a pod object; None when it is not an object with a named metadata."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    return name if isinstance(name, str) and name else None
+
+
+async def _pause(backoff: float, ceiling: float) -> float:
+    """Sleep a jittered ``backoff``; return the next one (doubled, up to ``ceiling``)."""
+    await asyncio.sleep(backoff * (0.5 + random.random() / 2))
+    return min(backoff * 2, ceiling)
 
 
 class DiscoveryMetrics:
@@ -120,7 +207,8 @@ class DiscoveryMetrics:
         )
         self.errors = Counter(
             "kvgate_discovery_errors",
-            "Kubernetes API errors, expired watches and skipped pod objects, by cause.",
+            "Kubernetes API errors, expired and very short watches, and skipped pod objects"
+            " (malformed, over capacity, named like a static pod), by cause.",
             ["cause"],
             registry=registry,
         )
@@ -142,6 +230,7 @@ class PodDiscovery:
         self._sink = sink
         self._metrics = metrics
         self.members: dict[str, PodConfig] = {}
+        self._conflicts_logged: set[str] = set()  # bounded: names of static pods only
         self._api: Any = None  # kubernetes_asyncio ApiClient, built in the task
         self._task: asyncio.Task[None] | None = None
         self.namespace = settings.namespace or _own_namespace()
@@ -161,6 +250,9 @@ class PodDiscovery:
     async def _run(self) -> None:
         backoff = self._s.backoff_initial_s
         version: str | None = None
+        # A 410 since the last healthy watch: one more means the fresh list's version
+        # expires at once too, and relisting at once would only hammer the API server.
+        expired_before = False
         while True:
             try:
                 if self._api is None:
@@ -168,11 +260,18 @@ class PodDiscovery:
                 if version is None:
                     version = await self._list()
                 version = await self._watch(version)
-                backoff = self._s.backoff_initial_s
-            except WatchGone:
+                backoff, expired_before = self._s.backoff_initial_s, False
+            except WatchGone as gone:
                 self._metrics.errors.labels("gone").inc()
-                log.info("pod watch expired; listing again")
                 version = None
+                if gone.after_healthy_watch:
+                    backoff, expired_before = self._s.backoff_initial_s, False
+                if expired_before:
+                    log.warning("pod watch expired again at once; listing in %.1fs", backoff)
+                    backoff = await _pause(backoff, self._s.backoff_max_s)
+                else:
+                    log.info("pod watch expired; listing again")
+                expired_before = True
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # API down, network, bad kubeconfig: retry, never die
@@ -180,8 +279,7 @@ class PodDiscovery:
                 log.warning(
                     "pod discovery: %s %s; retrying in %.1fs", type(exc).__name__, exc, backoff
                 )
-                await asyncio.sleep(backoff * (0.5 + random.random() / 2))
-                backoff = min(backoff * 2, self._s.backoff_max_s)
+                backoff = await _pause(backoff, self._s.backoff_max_s)
 
     async def _list(self) -> str:
         """One full list; reconcile members with it; return its resourceVersion."""
@@ -197,11 +295,16 @@ class PodDiscovery:
         if not 200 <= resp.status < 300:
             raise ApiException(status=resp.status, reason=body[:200].decode(errors="replace"))
         pod_list = json.loads(body)
+        items = pod_list.get("items") if isinstance(pod_list, dict) else None
+        if not isinstance(items, list | None):
+            raise ValueError("the pod list's items are not a list")  # the whole answer is bad
         seen: dict[str, PodConfig | None] = {}
-        for item in pod_list.get("items") or []:
+        for item in items or []:
             self._metrics.events.labels("LIST").inc()
-            name = (item.get("metadata") or {}).get("name")
-            if isinstance(name, str):
+            name = _pod_name(item)
+            if name is None:
+                self._skip_bad_object("a listed pod without a name")
+            else:
                 seen[name] = self._describe(item)
         gone = [n for n in self.members if seen.get(n) is None]
         await asyncio.gather(*(self._remove(n) for n in gone))
@@ -214,6 +317,7 @@ class PodDiscovery:
         from kubernetes_asyncio.client import ApiException, CoreV1Api
 
         timeout = self._s.watch_timeout_s
+        started, events = time.monotonic(), 0
         stream = watch.Watch(return_type="object").stream(
             CoreV1Api(self._api).list_namespaced_pod,
             self.namespace,
@@ -226,24 +330,36 @@ class PodDiscovery:
         try:
             async with stream:
                 async for event in stream:
+                    events += 1
                     version = await self._apply(event, version)
         except ApiException as exc:
             if exc.status == 410:
-                raise WatchGone from exc
+                healthy = events > 0 or time.monotonic() - started >= _SHORT_WATCH_S
+                raise WatchGone(after_healthy_watch=healthy) from exc
             raise
+        if events == 0 and time.monotonic() - started < _SHORT_WATCH_S:
+            raise ShortWatch("the pod watch ended at once without an event")
         return version
 
-    async def _apply(self, event: Mapping[str, Any], version: str) -> str:
+    async def _apply(self, event: object, version: str) -> str:
+        if not isinstance(event, Mapping):  # a line that was not JSON comes as text
+            self._skip_bad_object("a watch event that is not an object")
+            return version
         kind = str(event.get("type"))
         obj = event.get("raw_object")
         self._metrics.events.labels(kind if kind in _EVENT_TYPES else "other").inc()
-        if not isinstance(obj, dict):
-            self._metrics.errors.labels("bad_object").inc()
+        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+        if not isinstance(meta, Mapping):
+            self._skip_bad_object(f"a {kind} event without an object's metadata")
             return version
-        meta = obj.get("metadata") or {}
-        version = str(meta.get("resourceVersion") or version)
-        name = meta.get("name")
-        if kind == "BOOKMARK" or not isinstance(name, str):
+        resource_version = meta.get("resourceVersion")
+        if isinstance(resource_version, str) and resource_version:
+            version = resource_version
+        if kind == "BOOKMARK":
+            return version
+        name = _pod_name(obj)
+        if name is None:
+            self._skip_bad_object(f"a {kind} event for a pod without a name")
             return version
         cfg = None if kind == "DELETED" else self._describe(obj)
         if cfg is None:
@@ -257,11 +373,17 @@ class PodDiscovery:
         try:
             return pod_config(obj, self._s)
         except (ValueError, KeyError, TypeError) as exc:
-            self._metrics.errors.labels("bad_object").inc()
-            log.warning("skipping pod object: %r", exc)
+            self._skip_bad_object(repr(exc))
             return None
 
+    def _skip_bad_object(self, why: str) -> None:
+        self._metrics.errors.labels("bad_object").inc()
+        log.warning("skipping pod object: %s", why)
+
     async def _upsert(self, cfg: PodConfig) -> None:
+        if self._sink.owned_elsewhere(cfg.name):
+            self._refuse_conflict(cfg.name)
+            return
         if self.members.get(cfg.name) == cfg:
             return
         if cfg.name not in self.members and len(self.members) >= self._s.max_pods:
@@ -272,18 +394,42 @@ class PodDiscovery:
         log.info("pod %s routable at %s", cfg.name, cfg.url)
         await self._sink.upsert(cfg)
 
+    def _refuse_conflict(self, name: str) -> None:
+        """A discovered pod named like one discovery did not add (a static pod, whose
+        URL and keys the operator chose): it keeps the name; discovery lets go of it."""
+        self._metrics.errors.labels("name_conflict").inc()
+        if self.members.pop(name, None) is not None:  # a reload made it static since
+            self._metrics.pods.set(len(self.members))
+        if name not in self._conflicts_logged:
+            self._conflicts_logged.add(name)
+            log.warning("discovered pod %s is named like a configured pod; ignoring it", name)
+
     async def _remove(self, name: str) -> None:
         self.members.pop(name, None)
         self._metrics.pods.set(len(self.members))
+        if self._sink.owned_elsewhere(name):
+            return  # the name is a static pod's now: its deletion is not ours to apply
         log.info("pod %s left routing", name)
         await self._sink.remove(name)
 
 
 class RegistrySink:
-    """Discovery applied to a gateway's pod registry (whose listeners tell the KV index)."""
+    """Discovery applied to a gateway's pod registry (whose listeners tell the KV index).
+
+    It remembers the pods it added, so that discovery can tell them from the pods
+    configured statically (``settings.pods``), which it must never replace or remove.
+    """
 
     def __init__(self, registry: PodRegistry) -> None:
         self._registry = registry
+        self._added: dict[str, Pod] = {}
+
+    def owned_elsewhere(self, name: str) -> bool:
+        held = self._registry.get(name)
+        if held is None or held is self._added.get(name):
+            return False
+        self._added.pop(name, None)  # replaced by a reload's static pod: no longer ours
+        return True
 
     async def upsert(self, cfg: PodConfig) -> None:
         old = self._registry.get(cfg.name)
@@ -292,9 +438,11 @@ class RegistrySink:
                 return
             await self.remove(cfg.name)  # new address or endpoints: a new pod to routing
         pod = self._registry.add(cfg)
+        self._added[cfg.name] = pod
         await self._registry.probe(pod)  # first contact admits it at once
 
     async def remove(self, name: str) -> None:
+        self._added.pop(name, None)
         await self._registry.remove(name)
 
 
@@ -329,6 +477,8 @@ def _own_namespace() -> str:
 
 
 def _cause(exc: Exception) -> str:
+    if isinstance(exc, ShortWatch):
+        return "short_watch"
     status = getattr(exc, "status", None)
     if isinstance(status, int) and status > 0:
         return f"http_{status // 100}xx"

@@ -110,3 +110,38 @@ def test_bad_port_annotation_is_an_error_for_the_caller_to_count(value):
     pod["metadata"]["annotations"]["kvgate.io/kv-events-port"] = value
     with pytest.raises(ValueError):
         pod_config(pod, SETTINGS)
+
+
+@pytest.mark.parametrize(
+    "pod_ip", ["evil.example.com/x#", "10.0.12.34:9000", "10.0.12.34/x", "fe80::1%eth0", 167772161]
+)
+def test_pod_ip_that_is_not_a_plain_ip_address_is_an_error_not_a_url_host(pod_ip):
+    """The IP goes into URLs verbatim: "evil.example.com/x#" made http://evil.example.com/x#:8000."""
+    pod = ready_pod()
+    pod["status"]["podIP"] = pod_ip
+    with pytest.raises((ValueError, TypeError)):
+        pod_config(pod, SETTINGS)
+
+
+@pytest.mark.parametrize("container_port", [0, 99999, True])
+def test_bad_named_container_port_is_an_error_for_the_caller_to_count(container_port):
+    pod = ready_pod()
+    pod["spec"]["containers"][0]["ports"][0]["containerPort"] = container_port
+    with pytest.raises((ValueError, TypeError)):
+        pod_config(pod, SETTINGS)
+
+
+@pytest.mark.parametrize(
+    "field",
+    ["metadata", "metadata.annotations", "metadata.labels", "status", "spec", "spec.containers"],
+)
+def test_a_field_of_the_wrong_shape_is_a_type_error_for_the_caller_to_count(field):
+    """Not an AttributeError from deep inside, which the caller would not expect."""
+    pod = ready_pod()
+    *parents, key = field.split(".")
+    parent = pod
+    for part in parents:
+        parent = parent[part]
+    parent[key] = ["x"]
+    with pytest.raises(TypeError):
+        pod_config(pod, SETTINGS)
