@@ -28,6 +28,7 @@ import msgspec
 
 from gateway.config import HealthSettings, LoraSettings, PodConfig
 from gateway.metrics import GatewayMetrics
+from kvindex.bounded_http import send_capped
 from kvindex.types import Bound
 from routing.core import IDLE_ENGINE, EngineLoad
 
@@ -316,22 +317,13 @@ class PodRegistry:
         """A pod's answer to ``GET path``: read whole within ``probe_timeout_s`` in all
         (httpx's timeout is per read, so a pod sending a byte at a time would hold the
         probe, and the round of every pod's probes, for as long as it likes) and up to
-        ``MAX_PROBE_BODY_BYTES`` (beyond: ``ValueError``)."""
+        ``MAX_PROBE_BODY_BYTES`` (beyond: ``AnswerTooLarge``)."""
         timeout = self._health.probe_timeout_s
         headers = {"Authorization": f"Bearer {pod.config.api_key}"} if pod.config.api_key else {}
         async with asyncio.timeout(timeout):
             request = self._client.build_request("GET", f"{pod.url}{path}", headers=headers,
                                                  timeout=timeout)  # fmt: skip
-            response = await self._client.send(request, stream=True)
-            try:
-                body = bytearray()
-                async for chunk in response.aiter_bytes():  # decoded: the cap counts what is kept
-                    body += chunk
-                    if len(body) > MAX_PROBE_BODY_BYTES:
-                        raise ValueError(f"{path} answer over {MAX_PROBE_BODY_BYTES} bytes")
-                return response.status_code, bytes(body)
-            finally:
-                await response.aclose()
+            return await send_capped(self._client, request, MAX_PROBE_BODY_BYTES)
 
     def _learn_models(self, pod: Pod, listing: Any) -> None:
         """The pod's model cards, the first ``max_models_per_pod`` of them."""

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import msgspec
 
+from kvindex.bounded_http import AnswerTooLarge, send_capped
 from kvindex.tokenization.prompt import ChatPrompt
 
 
@@ -86,16 +87,10 @@ class EngineTokenizer:
             "POST", f"{self.base_url}/tokenize", content=content, timeout=self._timeout_s,
             headers={**self._headers, "content-type": "application/json"},
         )  # fmt: skip
-        response = await self._client.send(request, stream=True)
         try:
-            answer = bytearray()
-            async for chunk in response.aiter_bytes():
-                answer += chunk
-                if len(answer) > max_bytes:
-                    raise EngineTokenizeError(f"/tokenize answer over {max_bytes} bytes")
-            return response.status_code, bytes(answer)
-        finally:
-            await response.aclose()
+            return await send_capped(self._client, request, max_bytes)
+        except AnswerTooLarge as exc:
+            raise EngineTokenizeError(str(exc)) from None
 
     async def aclose(self) -> None:
         if self._owns_client:
