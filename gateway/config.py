@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    Field,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -28,6 +35,33 @@ from pydantic_settings import (
 _yaml_path: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
     "kvgate_yaml", default=None
 )
+
+
+def _split_list(v: Any) -> Any:
+    """A list from JSON (``["a","b"]``) or a comma-separated string (``a,b``)."""
+    if isinstance(v, str):
+        v = v.strip()
+        if v.startswith("["):
+            return json.loads(v)
+        return [k.strip() for k in v.split(",") if k.strip()]
+    return v
+
+
+def _checked_keys(keys: list[str]) -> list[str]:
+    """Keys as configured: an empty key would match a client sending an empty header
+    (a template that rendered nothing must fail, not open the door), and one with
+    surrounding blanks could never be presented."""
+    for key in keys:
+        if not key or key != key.strip():
+            raise ValueError("an API key must be non-empty, without surrounding blanks")
+    return keys
+
+
+# API keys as configured: a list in YAML or JSON, or comma-separated in an environment
+# variable, each key usable (``_checked_keys``).
+ApiKeys = Annotated[
+    list[str], NoDecode, BeforeValidator(_split_list), AfterValidator(_checked_keys)
+]
 
 
 MAX_DP_RANKS = 64  # data-parallel engines behind one pod's address
@@ -119,19 +153,9 @@ class AdminSettings(BaseModel):
 
     host: str = "127.0.0.1"
     port: int | None = 8001  # None: no admin listener
-    api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    api_keys: ApiKeys = Field(default_factory=list)
     max_body_bytes: int = 16 * 1024 * 1024  # an event body above this is refused (413)
     metrics: bool = False  # serve /metrics here instead of on the serving listener
-
-    @field_validator("api_keys", mode="before")
-    @classmethod
-    def _split_keys(cls, v: Any) -> Any:
-        return _split_list(v)
-
-    @field_validator("api_keys")
-    @classmethod
-    def _usable_keys(cls, v: list[str]) -> list[str]:
-        return _checked_keys(v)
 
 
 class TenantIsolation(BaseModel):
@@ -188,19 +212,9 @@ class AdmissionTenant(BaseModel):
     """A tenant of admission control: who it is, its default priority, its fair share."""
 
     name: str
-    api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)  # source api_key
+    api_keys: ApiKeys = Field(default_factory=list)  # source api_key
     priority: str | None = None  # its requests' priority, and the most a header may ask
     weight: float = Field(default=1.0, gt=0)  # share of slots against other tenants
-
-    @field_validator("api_keys", mode="before")
-    @classmethod
-    def _split_keys(cls, v: Any) -> Any:
-        return _split_list(v)
-
-    @field_validator("api_keys")
-    @classmethod
-    def _usable_keys(cls, v: list[str]) -> list[str]:
-        return _checked_keys(v)
 
 
 class AdmissionSettings(BaseModel):
@@ -349,7 +363,7 @@ class Settings(BaseSettings):
     index: IndexSettings = Field(default_factory=IndexSettings)
     session_header: str = "x-session-id"  # session strategy: header first ...
     session_body_field: str = "user"  # ... then this body field
-    api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    api_keys: ApiKeys = Field(default_factory=list)
     admin: AdminSettings = Field(default_factory=AdminSettings)
     tenant_isolation: TenantIsolation = Field(default_factory=TenantIsolation)
     # x-kvgate-predicted-* response headers for every client; off, only callers with an
@@ -391,16 +405,6 @@ class Settings(BaseSettings):
     workers: int | None = Field(default=None, ge=1)
     scale_out: ScaleOutSettings = Field(default_factory=ScaleOutSettings)
     log_level: str = "info"
-
-    @field_validator("api_keys", mode="before")
-    @classmethod
-    def _split_keys(cls, v: Any) -> Any:
-        return _split_list(v)
-
-    @field_validator("api_keys")
-    @classmethod
-    def _usable_keys(cls, v: list[str]) -> list[str]:
-        return _checked_keys(v)
 
     @model_validator(mode="after")
     def _secure_defaults(self) -> Settings:
@@ -453,26 +457,6 @@ class Settings(BaseSettings):
         if path is not None:
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
         return tuple(sources)
-
-
-def _checked_keys(keys: list[str]) -> list[str]:
-    """Keys as configured: an empty key would match a client sending an empty header
-    (a template that rendered nothing must fail, not open the door), and one with
-    surrounding blanks could never be presented."""
-    for key in keys:
-        if not key or key != key.strip():
-            raise ValueError("an API key must be non-empty, without surrounding blanks")
-    return keys
-
-
-def _split_list(v: Any) -> Any:
-    """A list from JSON (``["a","b"]``) or a comma-separated string (``a,b``)."""
-    if isinstance(v, str):
-        v = v.strip()
-        if v.startswith("["):
-            return json.loads(v)
-        return [k.strip() for k in v.split(",") if k.strip()]
-    return v
 
 
 def _is_loopback(host: str) -> bool:
