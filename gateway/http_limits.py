@@ -30,6 +30,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.asgi import DisconnectWatch, read_body
 from gateway.errors import GatewayError
+from gateway.in_flight import at_capacity
 from kvindex.types import Bound
 
 T = TypeVar("T")
@@ -62,7 +63,6 @@ async def unless_client_leaves(request: Request, work: Awaitable[T]) -> T | None
 # gateway's RSS grew 6,800-6,900 bytes a connection with 1,000, 2,000 and 4,000 silent
 # connections open (python -m bench.idle_connections --connections N).
 CONNECTION_BYTES = 7_000
-RETRY_AFTER_S = 1
 
 
 class ClientConnections:
@@ -119,11 +119,8 @@ def guarded_protocol(
             super().connection_made(transport)
             if connections is not None and not self._on_admin_listener():
                 if not connections.admit():
-                    self._reject(503, b"Service Unavailable",
-                                 f"the gateway is at capacity ({connections.limit} client "
-                                 "connections are open); retry shortly",
-                                 b"retry-after: %d\r\n" % RETRY_AFTER_S,
-                                 code="gateway_at_capacity")  # fmt: skip
+                    why = f"{connections.limit} client connections are open"
+                    self._reject(b"Service Unavailable", at_capacity(why))
                     return
                 self._counted = True
             self._await_headers()
@@ -158,7 +155,8 @@ def guarded_protocol(
 
         def send_400_response(self, msg: str) -> None:
             if self._too_large:  # parsing stopped by _count, not by a malformed request
-                self._reject(431, b"Request Header Fields Too Large", "request headers too large")
+                self._reject(b"Request Header Fields Too Large",
+                             GatewayError(431, "request headers too large"))  # fmt: skip
                 return
             super().send_400_response(msg)
 
@@ -183,7 +181,8 @@ def guarded_protocol(
                 return
             if self.cycle is not None and not self.cycle.response_complete:
                 return  # a request is being answered; its own deadlines apply
-            self._reject(408, b"Request Timeout", "request headers not received in time")
+            self._reject(b"Request Timeout",
+                         GatewayError(408, "request headers not received in time"))  # fmt: skip
 
         def _on_admin_listener(self) -> bool:
             if admin_port is None:
@@ -191,15 +190,16 @@ def guarded_protocol(
             sockname = self.transport.get_extra_info("sockname")
             return isinstance(sockname, tuple) and sockname[1] == admin_port
 
-        def _reject(
-            self, status: int, reason: bytes, message: str, extra: bytes = b"",
-            code: str | None = None,
-        ) -> None:  # fmt: skip
-            body = GatewayError(status, message, code=code).response().body
+        def _reject(self, reason: bytes, error: GatewayError) -> None:
+            """Answer ``error`` (with its headers) and close: the connection is not in a
+            state where a request can be read from it."""
+            body = error.encoded()
+            headers = b"".join(b"%s: %s\r\n" % (name.encode(), value.encode())
+                               for name, value in error.headers.items())  # fmt: skip
             self.transport.write(
                 b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\n"
                 b"content-length: %d\r\n%sconnection: close\r\n\r\n%s"
-                % (status, reason, len(body), extra, body)
+                % (error.status, reason, len(body), headers, body)
             )
             self.transport.close()
 

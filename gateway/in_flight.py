@@ -70,7 +70,7 @@ class RequestHold:
         counts = self._counts
         if counts.body_bytes + n > self._limit:
             counts.on_refused("body_bytes")
-            raise _full(f"request bodies in flight would pass {self._limit} bytes")
+            raise at_capacity(f"request bodies in flight would pass {self._limit} bytes")
         counts.body_bytes += n
         self.charged += n
 
@@ -97,7 +97,7 @@ class InFlightBounds:
         """Admit one request, or 503 if ``limits.max_requests`` are being served."""
         if self.requests >= limits.max_requests:
             self.on_refused("requests")
-            raise _full(f"{limits.max_requests} requests are being served")
+            raise at_capacity(f"{limits.max_requests} requests are being served")
         self.requests += 1
         return RequestHold(self, limits.max_body_bytes)
 
@@ -111,7 +111,8 @@ class InFlightBounds:
         }
 
 
-def _full(why: str) -> GatewayError:
+def at_capacity(why: str) -> GatewayError:
+    """The 503 a request or connection gets at one of the gateway's bounds."""
     return GatewayError(
         503,
         f"the gateway is at capacity ({why}); retry shortly",
