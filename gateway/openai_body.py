@@ -16,6 +16,7 @@ import msgspec
 
 from gateway.errors import GatewayError
 from gateway.multipart import FormError, form_fields
+from kvindex.keyer import is_token_id
 
 Kind = Literal[
     "chat",
@@ -227,14 +228,6 @@ def _check_part(part: Any, where: str) -> None:
         raise _bad(f"{where}.text must be a string", "messages")
 
 
-# Token ids are keyed as uint32; anything outside cannot be a vocabulary entry.
-_TOKEN_ID_LIMIT = 1 << 32
-
-
-def _is_token_id(x: Any) -> bool:
-    return type(x) is int and 0 <= x < _TOKEN_ID_LIMIT
-
-
 def _check_prompt(prompt: Any) -> None:
     if isinstance(prompt, str):
         return
@@ -242,11 +235,11 @@ def _check_prompt(prompt: Any) -> None:
         if all(isinstance(x, str) for x in prompt):
             return
         if all(type(x) is int for x in prompt):
-            if not all(_is_token_id(x) for x in prompt):
+            if not all(is_token_id(x) for x in prompt):
                 raise _bad("token ids in 'prompt' must be integers in [0, 2^32)", "prompt")
             return
         if all(isinstance(x, list) and x and all(type(t) is int for t in x) for x in prompt):
-            if not all(_is_token_id(t) for x in prompt for t in x):
+            if not all(is_token_id(t) for x in prompt for t in x):
                 raise _bad("token ids in 'prompt' must be integers in [0, 2^32)", "prompt")
             return
     raise _bad("'prompt' must be a string, an array of strings, or an array of token ids", "prompt")

@@ -315,15 +315,13 @@ class PodRegistry:
 
     async def _get(self, pod: Pod, path: str) -> tuple[int, bytes]:
         """A pod's answer to ``GET path``: read whole within ``probe_timeout_s`` in all
-        (httpx's timeout is per read, so a pod sending a byte at a time would hold the
-        probe, and the round of every pod's probes, for as long as it likes) and up to
-        ``MAX_PROBE_BODY_BYTES`` (beyond: ``AnswerTooLarge``)."""
+        (else a pod dripping bytes would hold the probe, and the round of every pod's
+        probes) and up to ``MAX_PROBE_BODY_BYTES``."""
         timeout = self._health.probe_timeout_s
         headers = {"Authorization": f"Bearer {pod.config.api_key}"} if pod.config.api_key else {}
-        async with asyncio.timeout(timeout):
-            request = self._client.build_request("GET", f"{pod.url}{path}", headers=headers,
-                                                 timeout=timeout)  # fmt: skip
-            return await send_capped(self._client, request, MAX_PROBE_BODY_BYTES)
+        request = self._client.build_request("GET", f"{pod.url}{path}", headers=headers,
+                                             timeout=timeout)  # fmt: skip
+        return await send_capped(self._client, request, MAX_PROBE_BODY_BYTES, timeout)
 
     def _learn_models(self, pod: Pod, listing: Any) -> None:
         """The pod's model cards, the first ``max_models_per_pod`` of them."""

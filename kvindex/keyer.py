@@ -56,6 +56,16 @@ def root_key(model: str, lora_name: str | None = None, cache_salt: str | None = 
     return _XXH3(_ROOT_TAG + _field(model) + _field(lora_name) + _field(cache_salt))
 
 
+# Token ids are keyed as uint32 (``pack_tokens``); anything outside cannot be a
+# vocabulary entry.
+TOKEN_ID_LIMIT = 1 << 32
+
+
+def is_token_id(x: object) -> bool:
+    """Whether ``x`` is an int that ``pack_tokens`` can key."""
+    return type(x) is int and 0 <= x < TOKEN_ID_LIMIT
+
+
 def pack_tokens(token_ids: Sequence[int]) -> bytes:
     """Token ids as a little-endian uint32 array (raises OverflowError/TypeError on bad ids)."""
     if isinstance(token_ids, array) and token_ids.typecode == "I":

@@ -7,7 +7,6 @@ and ``TokenizeCompletionRequest`` (``prompt``, ``add_special_tokens``); the answ
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -15,6 +14,7 @@ import httpx
 import msgspec
 
 from kvindex.bounded_http import AnswerTooLarge, send_capped
+from kvindex.keyer import is_token_id
 from kvindex.tokenization.prompt import ChatPrompt
 
 
@@ -28,7 +28,6 @@ class EngineTokenizeError(RuntimeError):
 TEMPLATE_TOKENS = 4096
 ID_JSON_BYTES = 11  # "4294967295," : the longest id in the answer's list
 ANSWER_JSON_BYTES = 4096  # the rest of the answer: count, max_model_len, token strings off
-_TOKEN_ID_LIMIT = 1 << 32  # ids are keyed as uint32
 _answer = msgspec.json.Decoder()
 
 
@@ -58,17 +57,20 @@ class EngineTokenizer:
     async def _tokenize(self, body: dict[str, Any]) -> list[int]:
         content = json.dumps(body).encode()
         max_tokens = len(content) + TEMPLATE_TOKENS
+        request = self._client.build_request(
+            "POST", f"{self.base_url}/tokenize", content=content, timeout=self._timeout_s,
+            headers={**self._headers, "content-type": "application/json"},
+        )  # fmt: skip
+        max_bytes = max_tokens * ID_JSON_BYTES + ANSWER_JSON_BYTES
         try:
-            # In all, not per read (httpx's timeout): a pod sending its answer a byte at
-            # a time must not hold the request it was asked for.
-            async with asyncio.timeout(self._timeout_s):
-                status, answer = await self._post(
-                    content, max_tokens * ID_JSON_BYTES + ANSWER_JSON_BYTES
-                )
+            # in all, so that a pod dripping its answer cannot hold the request it serves
+            status, answer = await send_capped(self._client, request, max_bytes, self._timeout_s)
         except httpx.HTTPError as exc:
             raise EngineTokenizeError(f"/tokenize unreachable: {type(exc).__name__}") from None
         except TimeoutError:
             raise EngineTokenizeError(f"/tokenize took over {self._timeout_s:g} s") from None
+        except AnswerTooLarge as exc:
+            raise EngineTokenizeError(str(exc)) from None
         if status != 200:
             raise EngineTokenizeError(f"/tokenize answered {status}")
         try:
@@ -77,20 +79,9 @@ class EngineTokenizer:
             raise EngineTokenizeError("/tokenize body has no tokens") from None
         if not isinstance(tokens, list) or len(tokens) > max_tokens:
             raise EngineTokenizeError("/tokenize tokens are not a list the prompt could make")
-        if not all(type(t) is int and 0 <= t < _TOKEN_ID_LIMIT for t in tokens):
+        if not all(is_token_id(t) for t in tokens):
             raise EngineTokenizeError("/tokenize tokens are not ids in [0, 2^32)")
         return tokens
-
-    async def _post(self, content: bytes, max_bytes: int) -> tuple[int, bytes]:
-        """The status and body of the pod's answer (past ``max_bytes``: an error)."""
-        request = self._client.build_request(
-            "POST", f"{self.base_url}/tokenize", content=content, timeout=self._timeout_s,
-            headers={**self._headers, "content-type": "application/json"},
-        )  # fmt: skip
-        try:
-            return await send_capped(self._client, request, max_bytes)
-        except AnswerTooLarge as exc:
-            raise EngineTokenizeError(str(exc)) from None
 
     async def aclose(self) -> None:
         if self._owns_client:
