@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+from bench.polling import wait_for_async
 from gateway.fleet_load import (
     MAX_COUNT,
     FleetLoadExchange,
@@ -192,11 +193,7 @@ async def test_a_hostile_field_neither_stops_the_exchange_nor_breaks_routing(
     await ex.redis.on_namespace(lambda r: r.hset(ex.key, mapping=hostile))
     await ex.start()
     try:
-        for _ in range(200):
-            if ex.exchanges >= 3:
-                break
-            await asyncio.sleep(0.01)
-        assert ex.exchanges >= 3
+        await wait_for_async(lambda: ex.exchanges >= 3, 2.0, "three exchanges", poll=0.01)
         assert ex._task is not None and not ex._task.done()
         row_a, row_b = table.find(A), table.find(B)
         assert row_a is not None and row_b is not None
@@ -226,11 +223,8 @@ async def test_an_unexpected_error_costs_one_round_not_the_task(redis_target: Re
     )
     await ex.start()
     try:
-        for _ in range(200):
-            if len(rounds) >= 3:
-                break
-            await asyncio.sleep(0.01)
-        assert len(rounds) >= 3 and ex.errors >= 1
+        await wait_for_async(lambda: len(rounds) >= 3, 2.0, "three rounds", poll=0.01)
+        assert ex.errors >= 1
         assert ex._task is not None and not ex._task.done()
     finally:
         await ex.stop()  # a cancel still stops it
@@ -251,10 +245,7 @@ async def test_a_poke_during_an_exchange_makes_one_more_at_once(redis_target: Re
                            poke_on_first_answer, interval_s=30)  # fmt: skip
     await ex.start()
     try:
-        for _ in range(200):
-            if ex.exchanges >= 2:
-                break
-            await asyncio.sleep(0.01)
+        await wait_for_async(lambda: ex.exchanges >= 2, 2.0, "two exchanges", poll=0.01)
         assert ex.exchanges == 2
     finally:
         await ex.stop()
