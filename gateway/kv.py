@@ -35,7 +35,8 @@ from kvindex.events.ingest import PodIngestor
 from kvindex.events.subscriber import KVEventSubscriber
 from kvindex.events.types import EngineBatch
 from kvindex.instrumented import InstrumentedStore
-from kvindex.keyer import BlockKeyer
+from kvindex.keyer import BlockKeyer, KeyerCaches
+from kvindex.lru import BoundedLRU
 from kvindex.memory_store import MemoryStore
 from kvindex.metrics import EventMetrics
 from kvindex.store import IndexStore
@@ -50,6 +51,11 @@ log = logging.getLogger("kvgate.kv")
 # pending, new ones are dropped (the local view still has them): a slow Redis must not
 # grow a task per request without bound.
 MAX_PENDING_SPECULATIONS = 1024
+# Keyers kept, one per model keyed (pods choose the models). What a keyer remembers is in
+# one shared ``KeyerCaches``, so a keyer is a few hundred bytes and one that falls out
+# is made again at no more cost than hashing its root.
+MAX_KEYERS = 4096
+KEYER_BYTES = 600  # a BlockKeyer, its model name and its LRU node (tracemalloc)
 # Dispatched prompts whose speculative entries wait for the next lookup or for their
 # response to start (``KvIndex.speculate``); more than this and they are written at once.
 MAX_DEFERRED_SPECULATIONS = 256
@@ -107,7 +113,8 @@ class KvIndex:
             registry=prometheus,
         )
         self.tokens = PromptTokens(settings, client)
-        self._keyers: dict[str, BlockKeyer] = {}
+        self._keyer_caches = KeyerCaches()
+        self._keyers: BoundedLRU[str, BlockKeyer] = BoundedLRU(MAX_KEYERS)
         self._subscribers: dict[str, KVEventSubscriber] = {}
         self._http_ingestors: dict[str, PodIngestor] = {}
         self._pending: set[asyncio.Task[None]] = set()
@@ -122,9 +129,10 @@ class KvIndex:
         return self.model_settings(model).block_size or self._s.default_block_size
 
     def keyer(self, model: str) -> BlockKeyer:
-        keyer = self._keyers.get(model)
+        keyer = self._keyers.touch(model)
         if keyer is None:
-            keyer = self._keyers[model] = BlockKeyer(model, self.block_size(model))
+            keyer = BlockKeyer(model, self.block_size(model), caches=self._keyer_caches)
+            self._keyers.put(model, keyer)
         return keyer
 
     async def warm_up(self, models: Iterable[str]) -> None:
@@ -148,11 +156,16 @@ class KvIndex:
         keys come from the engine's token ids."""
         self.tokens.use_settings(settings, tokenizers)
         self._s = settings
-        rekeyed = [m for m, k in self._keyers.items() if k.block_size != self.block_size(m)]
-        for model in rekeyed:
-            del self._keyers[model]
         ingestors = {**self._http_ingestors,
                      **{name: sub.ingestor for name, sub in self._subscribers.items()}}  # fmt: skip
+        # An ingestor keeps the keyer it was made with, which may have left ``_keyers``.
+        keyers = [*(self._keyers.get(m) for m in list(self._keyers)),
+                  *(ing.keyer for ing in ingestors.values())]  # fmt: skip
+        rekeyed = sorted({
+            k.model for k in keyers if k is not None and k.block_size != self.block_size(k.model)
+        })  # fmt: skip
+        for model in rekeyed:
+            self._keyers.pop(model)
         stale = sorted(p for p, ing in ingestors.items() if ing.keyer.model in rekeyed)
         if rekeyed:
             log.info("block size of %s changed: the index entries of %s are dropped and "
@@ -340,9 +353,8 @@ class KvIndex:
         for ingestor in [*ingestors, *self._http_ingestors.values()]:
             out.update(ingestor.bounds())
         out.update(self.tokens.bounds())
-        for model, keyer in self._keyers.items():
-            out[f"keyer_roots[{model}]"] = keyer.bound()
-            out[f"keyer_heads[{model}]"] = keyer.heads_bound()
+        out.update(self._keyer_caches.bounds())
+        out["keyers"] = Bound(len(self._keyers), MAX_KEYERS, "keyers", KEYER_BYTES)
         pending = Bound(len(self._pending), MAX_PENDING_SPECULATIONS, "writes", 2_000)
         out["speculations_pending"] = pending
         return out

@@ -32,14 +32,14 @@ from kvindex.types import Bound
 _XXH3 = xxhash.xxh3_64_intdigest
 _LE_U64 = struct.Struct("<Q")
 _ROOT_TAG = b"kvgate-v1"
-_ROOT_CACHE_CAPACITY = 1024  # distinct (lora, salt) pairs remembered per keyer
+ROOT_CACHE_CAPACITY = 4096  # distinct (model, lora, salt) roots remembered by a process
 # A salt is the client's to choose (any length the body allows): only pairs this short
 # are remembered, or a thousand salts of megabytes each would all stay in memory.
 ROOT_CACHE_MAX_CHARS = 64
-ROOT_BYTES = 340  # a (lora, salt) key tuple of up to 64 characters, its root and LRU node
+ROOT_BYTES = 340  # a (model, lora, salt) key tuple of up to 64 characters, its root and LRU node
 # Prompts' heads are remembered in whole groups of GROUP_BLOCKS blocks (``BlockKeyer``).
 GROUP_BLOCKS = 16
-HEAD_KEYS = 1 << 16  # keys of remembered heads per keyer: ~650 prompts of 100 blocks
+HEAD_KEYS = 1 << 18  # keys of remembered heads, all keyers: ~2,600 prompts of 100 blocks
 HEAD_KEY_BYTES = 50  # a key in a remembered head, its share of the entry (tracemalloc)
 MASK64 = (1 << 64) - 1
 
@@ -88,6 +88,25 @@ def chain_packed(parent: int, packed: bytes, block_size: int, n_blocks: int) -> 
     return keys
 
 
+class KeyerCaches:
+    """What keyers remember, the roots of (model, LoRA, salt) and prompts' heads, in
+    one budget for every keyer that shares it. A gateway keys each model its pods serve,
+    and the pods choose those models: a budget per keyer would grow with what pods
+    announce, one shared budget does not. Roots are keyed by their model, heads by a
+    digest of the root (which covers the model), the block size and the tokens."""
+
+    def __init__(self, roots: int = ROOT_CACHE_CAPACITY, head_keys: int = HEAD_KEYS) -> None:
+        self.roots: BoundedLRU[tuple[str, str | None, str | None], int] = BoundedLRU(roots)
+        # digest of a root, block size and tokens -> the keys of those tokens (whole groups)
+        self.heads: BoundedLRU[int, tuple[int, ...]] = BoundedLRU(head_keys, weigh=len)
+
+    def bounds(self) -> dict[str, Bound]:
+        return {
+            "keyer_roots": Bound(len(self.roots), self.roots.capacity, "roots", ROOT_BYTES),
+            "keyer_heads": Bound(self.heads.size, self.heads.capacity, "keys", HEAD_KEY_BYTES),
+        }
+
+
 class BlockKeyer:
     """Token ids → chained router keys for one model and block size.
 
@@ -103,6 +122,9 @@ class BlockKeyer:
     the blocks after them are keyed. One entry per prompt, not per group, keeps a new
     prompt's cost to that pass and one insert. The digest covers everything a key
     depends on, so remembered keys are the keys (``tests/unit/test_keyer.py``).
+
+    Roots and heads are kept in ``caches``, which keyers of other models may share
+    (``KeyerCaches``); without one, the keyer has its own.
     """
 
     def __init__(
@@ -112,6 +134,7 @@ class BlockKeyer:
         lora_name: str | None = None,
         cache_salt: str | None = None,
         head_keys: int = HEAD_KEYS,
+        caches: KeyerCaches | None = None,
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
@@ -119,18 +142,19 @@ class BlockKeyer:
         self.block_size = block_size
         self.lora_name = lora_name
         self.cache_salt = cache_salt
-        self._roots: BoundedLRU[tuple[str | None, str | None], int] = BoundedLRU(
-            _ROOT_CACHE_CAPACITY
-        )
-        # digest of a root and tokens -> the keys of those tokens (whole groups)
-        self._heads: BoundedLRU[int, tuple[int, ...]] = BoundedLRU(head_keys, weigh=len)
+        self.caches = caches if caches is not None else KeyerCaches(head_keys=head_keys)
+        self._roots = self.caches.roots
+        self._heads = self.caches.heads
+        # Heads of keyers sharing ``caches`` differ by root, and by block size: the same
+        # tokens from the same root are other keys in blocks of another size.
+        self._head_seed = block_size.to_bytes(4, "little")
         self.root = self.root_for(lora_name, cache_salt)
 
     def root_for(self, lora_name: str | None, cache_salt: str | None) -> int:
         """Root seed for this model with the given LoRA and salt (LRU-cached, when short)."""
         if len(lora_name or "") + len(cache_salt or "") > ROOT_CACHE_MAX_CHARS:
             return root_key(self.model, lora_name, cache_salt)  # costs what hashing the key would
-        key = (lora_name, cache_salt)
+        key = (self.model, lora_name, cache_salt)
         root = self._roots.touch(key)
         if root is None:
             root = root_key(self.model, lora_name, cache_salt)
@@ -138,10 +162,10 @@ class BlockKeyer:
         return root
 
     def bound(self) -> Bound:
-        return Bound(len(self._roots), _ROOT_CACHE_CAPACITY, "roots", ROOT_BYTES)
+        return self.caches.bounds()["keyer_roots"]
 
     def heads_bound(self) -> Bound:
-        return Bound(self._heads.size, self._heads.capacity, "keys", HEAD_KEY_BYTES)
+        return self.caches.bounds()["keyer_heads"]
 
     def keys(self, token_ids: Sequence[int]) -> list[int]:
         """Keys of every full block of ``token_ids`` under the default root."""
@@ -168,7 +192,7 @@ class BlockKeyer:
         size = 4 * self.block_size * GROUP_BLOCKS
         full = n_blocks // GROUP_BLOCKS
         view = memoryview(packed)
-        digest = xxhash.xxh3_128(_LE_U64.pack(parent))
+        digest = xxhash.xxh3_128(_LE_U64.pack(parent) + self._head_seed)
         ends: list[int] = []  # digest of the root and the tokens up to each group's end
         for g in range(full):
             digest.update(view[g * size : (g + 1) * size])

@@ -6,7 +6,7 @@ from array import array
 import pytest
 import xxhash
 
-from kvindex.keyer import BlockKeyer, root_key
+from kvindex.keyer import BlockKeyer, KeyerCaches, root_key
 
 
 def reference_keys(model, block_size, tokens, lora=None, salt=None):
@@ -187,3 +187,26 @@ def test_a_repeated_head_is_not_keyed_again(monkeypatch):
     assert keyed[1:] == [70 - 32]  # from the end of the groups turn 1 left
     assert keyer.keys_for(turn2, None, "other") == reference_keys("m", 4, turn2, salt="other")
     assert keyed[2:] == [70]
+
+
+def test_keyers_sharing_caches_keep_their_models_and_block_sizes_apart():
+    """One ``KeyerCaches`` serves every model's keyer in a gateway. The same tokens from
+    another model, or in blocks of another size (512 tokens: 32 blocks of 16 or 16 of 32,
+    one digest of the same root and tokens at a group's end), are other keys."""
+    caches = KeyerCaches()
+    tokens = array("I", range(512))
+    keyers = [BlockKeyer("m", 16, caches=caches), BlockKeyer("m", 32, caches=caches),
+              BlockKeyer("n", 16, caches=caches)]  # fmt: skip
+    for _ in range(2):  # the second pass reads what the first remembered
+        for keyer in keyers:
+            assert keyer.keys(tokens) == reference_keys(keyer.model, keyer.block_size, tokens)
+            assert keyer.keys_for(tokens, "ad", "s") == reference_keys(
+                keyer.model, keyer.block_size, tokens, "ad", "s"
+            )
+    assert keyers[0].heads_bound() == keyers[2].heads_bound() == caches.bounds()["keyer_heads"]
+
+
+def test_a_keyer_of_its_own_is_bounded_by_its_head_keys():
+    keyer = BlockKeyer("m", 16, head_keys=40)
+    assert keyer.heads_bound().capacity == 40
+    assert BlockKeyer("m", 16).heads_bound().size == 0  # nothing shared between them
