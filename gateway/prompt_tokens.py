@@ -6,6 +6,11 @@ Each model's prompts are rendered and tokenized the way vLLM will (``kvindex``'s
 do). A pod whose ``/tokenize`` fails or hangs is followed by the next one. A reload
 may give a model another tokenizer: the new one loads in a thread before it replaces
 the old, so no request waits for it (``load`` then ``use_settings``).
+
+Models with a local tokenizer are the operator's (its settings name them), and each
+keeps its own caches. Any other model a pod serves is tokenized by the pods, and the
+pods choose those models: their answers share one cache, and at most
+``MAX_ENGINE_MODELS`` of them are kept, so memory does not grow with what pods announce.
 """
 
 from __future__ import annotations
@@ -20,10 +25,17 @@ import httpx
 from gateway.config import ModelSettings, Settings
 from gateway.openai_body import ParsedRequest
 from gateway.pods import Pod
+from kvindex.lru import BoundedLRU
 from kvindex.tokenization.anthropic import messages_prompt
 from kvindex.tokenization.engine import EngineTokenizer
 from kvindex.tokenization.errors import UnsupportedPrompt
-from kvindex.tokenization.front import Tokenization, TokenizationError
+from kvindex.tokenization.front import (
+    DEFAULT_CACHE_TOKENS,
+    ENTRY_TOKENS,
+    TokenCache,
+    Tokenization,
+    TokenizationError,
+)
 from kvindex.tokenization.local import LocalTokenizer
 from kvindex.tokenization.prompt import ChatPrompt
 from kvindex.tokenization.responses import responses_prompt
@@ -32,6 +44,11 @@ from kvindex.types import Bound
 log = logging.getLogger("kvgate.kv")
 
 TOKENIZE_ATTEMPTS = 2  # pods asked for /tokenize before routing by load alone
+# Tokenizations kept of models without a local tokenizer. One is a few hundred bytes
+# (what the pods answered is in the shared cache), and one that falls out is made again
+# on its model's next request without loading anything.
+MAX_ENGINE_MODELS = 4096
+ENGINE_TOKENIZATION_BYTES = 600  # a Tokenization, its stats and policy objects (tracemalloc)
 
 
 class PromptTokens:
@@ -40,16 +57,27 @@ class PromptTokens:
     def __init__(self, settings: Settings, client: httpx.AsyncClient) -> None:
         self._s = settings
         self._client = client
-        self._tokenizers: dict[str, Tokenization] = {}
+        self._local: dict[str, Tokenization] = {}  # models with a local tokenizer
+        self._by_engine: BoundedLRU[str, Tokenization] = BoundedLRU(MAX_ENGINE_MODELS)
+        self._engine_cache = TokenCache(DEFAULT_CACHE_TOKENS, ENTRY_TOKENS)
         self._engines: dict[str, EngineTokenizer] = {}
         self._rotation = 0
 
     def tokenization(self, model: str) -> Tokenization:
-        tok = self._tokenizers.get(model)
+        tok = self._local.get(model) or self._by_engine.touch(model)
         if tok is None:
             ms = self._s.models.get(model) or ModelSettings()
-            tok = self._tokenizers[model] = build_tokenization(model, ms)
+            self._keep(model, tok := build_tokenization(model, ms, self._engine_cache))
         return tok
+
+    def _keep(self, model: str, tok: Tokenization) -> None:
+        if tok.local is not None:
+            self._local[model] = tok
+        else:
+            self._by_engine.put(model, tok)
+
+    def _kept(self, model: str) -> bool:
+        return model in self._local or model in self._by_engine
 
     async def warm_up(self, models: Iterable[str]) -> None:
         """Load these models' local tokenizers, and compile their chat templates, in a
@@ -73,11 +101,13 @@ class PromptTokens:
         warm = set(warm)
         fresh: dict[str, Tokenization] = {}
         for model in self._changes(settings):
-            if model not in warm and model not in self._tokenizers:
+            if model not in warm and not self._kept(model):
                 continue  # built on first use
             ms = settings.models.get(model) or ModelSettings()
             try:
-                fresh[model] = await asyncio.to_thread(_loaded_tokenization, model, ms)
+                fresh[model] = await asyncio.to_thread(
+                    _loaded_tokenization, model, ms, self._engine_cache
+                )
             except Exception as exc:  # noqa: BLE001  (as at start-up: logged, falls back)
                 log.warning("tokenizer for %s did not load: %r", model, exc)
         return fresh
@@ -87,14 +117,16 @@ class PromptTokens:
         changed = self._changes(settings)
         self._s = settings
         for model in changed:
-            self._tokenizers.pop(model, None)
-        self._tokenizers.update(loaded)
+            self._local.pop(model, None)
+            self._by_engine.pop(model)
+        for model, tok in loaded.items():
+            self._keep(model, tok)
         self._engines.clear()  # a pod's key or timeouts.tokenize_s may have changed
 
     def _changes(self, settings: Settings) -> list[str]:
         """Models whose tokenizer settings differ between the running and ``settings``."""
         old = self._s
-        models = set(old.models) | set(settings.models) | set(self._tokenizers)
+        models = set(old.models) | set(settings.models) | set(self._local) | set(self._by_engine)
         return [m for m in models if _tokenizer_of(old, m) != _tokenizer_of(settings, m)]
 
     # -- requests ------------------------------------------------------------------------
@@ -122,11 +154,15 @@ class PromptTokens:
         self._engines.pop(name, None)
 
     def bounds(self) -> dict[str, Bound]:
-        out = {f"token_cache[{m}]": tok.cache.bound() for m, tok in self._tokenizers.items()}
-        for m, tok in self._tokenizers.items():
+        out = {f"token_cache[{m}]": tok.cache.bound() for m, tok in self._local.items()}
+        for m, tok in self._local.items():
             words = tok.incremental.segmenter.words if tok.incremental is not None else None
             if words is not None:
                 out[f"word_cache[{m}]"] = words.bound()
+        out["token_cache[by engine]"] = self._engine_cache.bound()
+        out["engine_tokenizations"] = Bound(
+            len(self._by_engine), MAX_ENGINE_MODELS, "models", ENGINE_TOKENIZATION_BYTES
+        )
         return out
 
     def _engine_for(self, pod: Pod) -> EngineTokenizer:
@@ -163,13 +199,17 @@ class PromptTokens:
         return None  # batched prompts are not routed by cache
 
 
-def build_tokenization(model: str, ms: ModelSettings) -> Tokenization:
+def build_tokenization(
+    model: str, ms: ModelSettings, engine_cache: TokenCache | None = None
+) -> Tokenization:
     """How ``model``'s prompts become token ids: locally (its tokenizer files) or by a
-    pod's ``/tokenize``. Loading a local tokenizer takes a second or two: callers on
-    the event loop build it in a thread (``warm_up``) or on first use."""
+    pod's ``/tokenize``, whose answers go to ``engine_cache`` when given (shared by the
+    models without a local tokenizer). Loading a local tokenizer takes a second or two:
+    callers on the event loop build it in a thread (``warm_up``) or on first use."""
     local = LocalTokenizer(ms.tokenizer) if ms.tokenizer and ms.tokenizer_mode != "engine" else None
-    mode = ms.tokenizer_mode if local is not None or ms.tokenizer_mode == "engine" else "engine"
-    return Tokenization(model, mode=mode, local=local)
+    if local is not None:
+        return Tokenization(model, mode=ms.tokenizer_mode, local=local)
+    return Tokenization(model, mode="engine", cache=engine_cache)
 
 
 def _warm_tokenizer(tok: Tokenization) -> Tokenization:
@@ -183,8 +223,8 @@ def _warm_tokenizer(tok: Tokenization) -> Tokenization:
     return tok
 
 
-def _loaded_tokenization(model: str, ms: ModelSettings) -> Tokenization:
-    return _warm_tokenizer(build_tokenization(model, ms))
+def _loaded_tokenization(model: str, ms: ModelSettings, engine_cache: TokenCache) -> Tokenization:
+    return _warm_tokenizer(build_tokenization(model, ms, engine_cache))
 
 
 def _tokenizer_of(settings: Settings, model: str) -> tuple[str | None, str]:

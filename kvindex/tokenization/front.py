@@ -121,14 +121,17 @@ class Tokenization:
         cache_tokens: int = DEFAULT_CACHE_TOKENS,
         offload_chars: int = DEFAULT_OFFLOAD_CHARS,
         offload_max_chars: int = DEFAULT_MAX_CHARS,
+        cache: TokenCache | None = None,
     ) -> None:
+        """``cache``: one shared with other models' tokenizations (the engine's answers
+        are keyed by model), instead of one of ``cache_tokens`` of its own."""
         if mode == "local" and local is None:
             raise ValueError("mode 'local' needs a LocalTokenizer")
         self.model = model
         self.mode: Mode = mode
         self.local = local if mode != "engine" else None
         self.engine = engine
-        self.cache = TokenCache(cache_tokens, ENTRY_TOKENS)
+        self.cache = cache if cache is not None else TokenCache(cache_tokens, ENTRY_TOKENS)
         self.offload = OffloadPolicy(offload_chars, offload_max_chars)
         self.stats = TokenizationStats()
         self.incremental = (
@@ -230,7 +233,8 @@ class Tokenization:
     async def _via_engine(
         self, kind: bytes, request: dict[str, Any], call: Callable[[], Awaitable[list[int]]]
     ) -> list[int]:
-        key = _key(kind, json.dumps(request, sort_keys=True, default=str))
+        # The model is in the key: another model's tokenization may share the cache.
+        key = _key(kind, json.dumps([self.model, request], sort_keys=True, default=str))
         cached = self.cache.get(key)
         if cached is not None:
             self.stats.hits += 1

@@ -25,7 +25,7 @@ async def test_configured_tokenizers_are_loaded_at_start_up_when_the_strategy_us
 
     async with app.router.lifespan_context(app):
         kv = app.state.gw.kv
-        loaded = "tiny" in kv.tokens._tokenizers  # noqa: SLF001  (what the first request would do)
+        loaded = "tiny" in kv.tokens._local  # noqa: SLF001  (what the first request would do)
         assert loaded is warmed
         if warmed:
             assert kv.tokens.tokenization("tiny").local is not None

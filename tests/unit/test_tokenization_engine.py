@@ -23,6 +23,7 @@ from kvindex.tokenization import (
     Tokenization,
     TokenizationError,
 )
+from kvindex.tokenization.front import TokenCache
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,10 @@ async def engine_url(local):
             ]
             text = local.render_chat(ChatPrompt(text_only))
             return {"tokens": local.encode(text, body["add_special_tokens"]), "count": 0}
-        return {"tokens": local.encode(body["prompt"], body["add_special_tokens"])}
+        ids = local.encode(body["prompt"], body["add_special_tokens"])
+        if body.get("model") == "shifted":  # another model's vocabulary
+            ids = [i + 1 for i in ids]
+        return {"tokens": ids}
 
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
@@ -118,6 +122,23 @@ async def test_completion_via_engine_adds_special_tokens_by_default(engine_url, 
     ids = await Tokenization("tiny", "engine", engine=engine).completion("plain text")
     assert ids == local.encode("plain text", True)
     assert seen[-1] == {"model": "tiny", "prompt": "plain text", "add_special_tokens": True}
+    await engine.aclose()
+
+
+async def test_models_sharing_a_cache_keep_their_own_engine_answers(engine_url, local):
+    """The gateway's models without a local tokenizer share one cache of the pods'
+    answers: the same prompt for another model is asked again and kept apart."""
+    url, seen = engine_url
+    engine = EngineTokenizer(url)
+    shared = TokenCache()
+    tiny, shifted = (Tokenization(m, "engine", engine=engine, cache=shared)
+                     for m in ("tiny", "shifted"))  # fmt: skip
+    expected = local.encode("plain text", True)
+    for _ in range(2):  # asked once each, then from the shared cache
+        assert await tiny.completion("plain text") == expected
+        assert await shifted.completion("plain text") == [i + 1 for i in expected]
+    assert [body["model"] for body in seen] == ["tiny", "shifted"]
+    assert tiny.cache is shifted.cache and len(shared) == 2
     await engine.aclose()
 
 
