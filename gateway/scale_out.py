@@ -27,7 +27,7 @@ from gateway.config import Settings
 from gateway.host_load import pod_key
 from gateway.kv import KvIndex
 from gateway.pods import PodRegistry
-from gateway.siblings import Siblings
+from gateway.siblings import SiblingMetrics, Siblings
 from gateway.warm_start import WarmStart
 from gateway.workers import WorkerContext
 from kvindex.types import Bound
@@ -93,6 +93,7 @@ def scale_out(
             worker.bus.endpoint(worker.index), kv, registry,
             share_speculation=not shared_index,
             speculative_ttl_s=settings.index.speculative_ttl_s, core=core,
+            metrics=SiblingMetrics(prometheus),
         )  # fmt: skip
         kv.peers = out.siblings
         if worker.publishes_fleet_load:

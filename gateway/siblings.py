@@ -49,6 +49,8 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Counter
+
 from gateway.host_bus import BusEndpoint
 from gateway.kv import KvIndex
 from gateway.pods import PodRegistry
@@ -63,6 +65,7 @@ HTTP_EVENTS = 2
 RELOAD = 3  # POST /admin/reload reached one worker: every worker reloads its settings
 PREFIX_ROUTED = 4  # prefix-aware sent a prompt's chunk hashes to a pod
 DRAIN_EVERY_S = 0.01
+REPORT_EVERY_S = 1.0  # the counts reach the metrics this often
 # Longest a lookup waits for event bodies the siblings accepted to be applied here.
 SETTLE_TIMEOUT_S = 0.5
 MAX_QUEUED_BODIES = 256  # posted event bodies waiting to be applied here
@@ -142,8 +145,10 @@ class Siblings:
         share_speculation: bool,
         speculative_ttl_s: float,
         core: RoutingCore | None = None,
+        metrics: SiblingMetrics | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self.metrics = metrics
         self._kv = kv
         self._core = core  # whose prefix-aware strategies learn the siblings' choices
         self._registry = registry
@@ -274,12 +279,21 @@ class Siblings:
                 self._bodies.task_done()
 
     async def _drain_forever(self) -> None:
+        reported = time.monotonic()
         while True:
             await asyncio.sleep(DRAIN_EVERY_S)
             try:
                 self.endpoint.drain()
+                if time.monotonic() - reported >= REPORT_EVERY_S:
+                    reported = time.monotonic()
+                    self.report()
             except Exception:  # a bug here must not stop the siblings' messages
                 log.exception("draining the sibling workers' messages failed")
+
+    def report(self) -> None:
+        """Add the counts since the last report to the metrics (``SiblingMetrics``)."""
+        if self.metrics is not None:
+            self.metrics.report(self)
 
     async def start(self) -> None:
         self._tasks = [
@@ -305,6 +319,65 @@ class Siblings:
                 self._pending_bytes, MAX_PENDING_BYTES, "bytes", 1
             ),  # fmt: skip
         }
+
+
+class SiblingMetrics:
+    """What the bus and the siblings counted, as Prometheus counters. The counts are
+    plain attributes on the request's way (a multiprocess counter's update costs more),
+    added to the counters once a second by the drain task (``Siblings.report``).
+
+    A KV-event batch dropped here is one this worker's index lacks and its siblings'
+    have: the workers' indexes differ until the pod's next events for those blocks (an
+    operator alerts on ``kvgate_worker_dropped_total{what="events"}``)."""
+
+    def __init__(self, prometheus: CollectorRegistry) -> None:
+        self.messages = Counter(
+            "kvgate_worker_messages",
+            "Messages between a worker and its siblings, by outcome: published, received, "
+            "refused (too large for the ring, or its lock not had in time: not sent), "
+            "unreadable (received, but no handler could take it).",
+            ["outcome"],
+            registry=prometheus,
+        )
+        self.overruns = Counter(
+            "kvgate_worker_ring_overruns",
+            "Times a worker fell a whole sibling's ring behind and skipped what it had not read.",
+            registry=prometheus,
+        )
+        self.dropped = Counter(
+            "kvgate_worker_dropped",
+            "What siblings sent that a worker did not apply: events (a KV-event batch posted "
+            "to a sibling, while 256 others waited or for a pod unknown here) and "
+            "speculations (pushed out before a lookup there used them).",
+            ["what"],
+            registry=prometheus,
+        )
+        # Every series from the start, at 0: an alert on one needs it to exist.
+        for outcome in ("published", "received", "refused", "unreadable"):
+            self.messages.labels(outcome)
+        for what in ("events", "speculations"):
+            self.dropped.labels(what)
+        self._reported: dict[str, int] = {}
+
+    def report(self, siblings: Siblings) -> None:
+        """Add what was counted since the last report."""
+        ep = siblings.endpoint
+        counts = {
+            "published": ep.published, "received": ep.received, "refused": ep.refused,
+            "unreadable": ep.bad, "overruns": ep.overruns,
+            "events": siblings.bodies_dropped, "speculations": siblings.speculations_dropped,
+        }  # fmt: skip
+        for name, count in counts.items():
+            new = count - self._reported.get(name, 0)
+            if new <= 0:
+                continue
+            self._reported[name] = count
+            if name == "overruns":
+                self.overruns.inc(new)
+            elif name in ("events", "speculations"):
+                self.dropped.labels(name).inc(new)
+            else:
+                self.messages.labels(name).inc(new)
 
 
 class EventsWrittenElsewhere:

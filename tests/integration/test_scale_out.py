@@ -75,9 +75,17 @@ def test_two_workers_agree_on_where_a_cached_prefix_is(fleet, system_prompt):
         for i in range(16):  # new connections: the kernel spreads them over both workers
             r = _chat(gw, system_prompt, f"question {i}")
             answers.append((r.headers["x-kvgate-worker"], *_routed(r)))
+        # Each worker told the other of its dispatches (the memory index's speculations).
+        published = 'kvgate_worker_messages_total{outcome="published"}'
+        wait_for(lambda: published in httpx.get(f"{gw}/metrics").text, 5,
+                 what="the workers' message counts in /metrics")  # fmt: skip
+        names = {"kvgate_worker_dropped_total", "kvgate_worker_ring_overruns_total"}
+        declared = {line.split()[2] for line in httpx.get(f"{gw}/metrics").text.splitlines()
+                    if line.startswith("# TYPE ")}  # fmt: skip
 
     assert {worker for worker, _, _ in answers} == {"0", "1"}
     assert {(pod, cached >= 864) for _, pod, cached in answers} == {(holder, True)}
+    assert names <= declared
 
 
 def _all_idle(gw) -> bool:

@@ -18,6 +18,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.pods import PodRegistry
 from gateway.siblings import (
     EventsWrittenElsewhere,
+    SiblingMetrics,
     Siblings,
     decode_events,
     decode_prefix_routed,
@@ -142,6 +143,35 @@ async def test_a_posted_event_body_is_in_the_siblings_index_at_its_next_lookup(w
         assert (await b.store.match(keys, 16)).pods == {"p": PodPrefix(2, 2)}
     finally:
         await b.peers.stop()
+
+
+async def test_what_a_worker_could_not_send_or_apply_is_in_its_metrics(workers, monkeypatch):
+    """A posted batch a worker drops leaves its index short of what its siblings hold:
+    an operator sees it in /metrics, not only in a log line."""
+    a, b = workers
+    prom_a, prom_b = CollectorRegistry(), CollectorRegistry()
+    a.peers.metrics, b.peers.metrics = SiblingMetrics(prom_a), SiblingMetrics(prom_b)
+    monkeypatch.setattr(siblings, "MAX_PENDING_BYTES", 1)  # no speculation waits here
+    body = b"[1.0, [], null]"
+    for _ in range(siblings.MAX_QUEUED_BODIES + 3):  # b's applying task is not running
+        assert a.peers.events_posted("p", body, "application/json")
+    a.speculate("pod-x", KEYS)
+    assert not a.peers.events_posted("p", b"x" * a.peers.endpoint.bus.ring_bytes, "text/plain")
+    b.peers.endpoint.drain()
+    for _ in range(2):  # a second report adds nothing new
+        a.peers.report()
+        b.peers.report()
+
+    def sample(prom, name, **labels):
+        return prom.get_sample_value(name, labels)
+
+    sent = siblings.MAX_QUEUED_BODIES + 4
+    assert sample(prom_a, "kvgate_worker_messages_total", outcome="published") == sent
+    assert sample(prom_a, "kvgate_worker_messages_total", outcome="refused") == 1
+    assert sample(prom_b, "kvgate_worker_messages_total", outcome="received") == sent
+    assert sample(prom_b, "kvgate_worker_dropped_total", what="events") == 3
+    assert sample(prom_b, "kvgate_worker_dropped_total", what="speculations") == 1
+    assert sample(prom_b, "kvgate_worker_ring_overruns_total") == 0
 
 
 async def test_a_worker_that_does_not_write_events_still_writes_speculation():
