@@ -80,6 +80,10 @@ async def kv_events(request: Request) -> Response:
     if pod is None:
         raise GatewayError(404, f"unknown pod {str(name)[:200]!r}", param="pod")
     body = await _body(request, gw)
+    if gw.registry.get(pod.name) is not pod:
+        # The pod left while its body was read (a poster sets the pace): applied now, its
+        # events would give it an engine map and index entries that nothing drops again.
+        raise GatewayError(404, f"pod {pod.name[:200]!r} left the fleet", param="pod")
     try:
         applied = await gw.kv.ingest_http(pod, body, request.headers.get("content-type", ""))
     except (BadEventsBody, ValueError) as exc:
@@ -199,7 +203,8 @@ async def bounds(request: Request) -> Response:
     structures = {**gw.kv.bounds(), **gw.router.core.bounds(), **gw.registry.bounds(),
                   **gw.scale.bounds(), **gw.upstream.bounds(),
                   **gw.in_flight.bounds(limits_of(gw.settings)),
-                  **request.app.state.client_connections.bounds()}  # fmt: skip
+                  **request.app.state.client_connections.bounds(),
+                  **gw.metrics.bounds(gw.settings.max_requests_in_flight)}  # fmt: skip
     if gw.admission is not None:
         structures.update(gw.admission.bounds())
     return JSONResponse(

@@ -11,6 +11,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kvindex.metrics import forget_label_value
+from kvindex.types import Bound
 
 # Latency buckets from 5 ms to 2 min: TTFT spans cached hits to long queues.
 _LATENCY_BUCKETS = (
@@ -188,8 +189,47 @@ class GatewayMetrics:
             )
         )
 
+        # Requests this process has dispatched and not yet released, per pod (a pod is
+        # here only while it has some, so at most max_requests_in_flight entries), and
+        # the pods that left while they had some: those requests' metrics are written
+        # when they end, after the pod left, so its series go once the last one ended.
+        self._dispatched: dict[str, int] = {}
+        self._leaving: set[str] = set()  # a subset of _dispatched's pods
+
+    def bounds(self, max_requests_in_flight: int) -> dict[str, Bound]:
+        """The pods this process has requests in flight on (``/admin/bounds``): one per
+        request at most, and a request's name is a pod's it was routed to."""
+        return {"metrics.pods_in_flight": Bound(len(self._dispatched), max_requests_in_flight,
+                                                "pods", 150)}  # fmt: skip
+
+    def dispatched(self, pod: str) -> None:
+        """A request was routed to ``pod``: in flight until ``released``."""
+        self.in_flight.labels(pod).inc()
+        self._dispatched[pod] = self._dispatched.get(pod, 0) + 1
+        self._leaving.discard(pod)  # routed to: a pod of that name is in the fleet again
+
+    def released(self, pod: str) -> None:
+        """A request on ``pod`` ended, its metrics written: the last of a pod that left
+        takes the pod's series with it."""
+        self.in_flight.labels(pod).dec()
+        left = self._dispatched.get(pod, 0) - 1
+        if left > 0:
+            self._dispatched[pod] = left
+            return
+        self._dispatched.pop(pod, None)
+        if pod in self._leaving:
+            self._leaving.discard(pod)
+            self._forget(pod)
+
     def forget_pod(self, pod: str) -> None:
-        """A pod left the fleet: its series go (pod names change on every rollout)."""
+        """A pod left the fleet: its series go (pod names change on every rollout), once
+        the requests it still has in flight have ended and been counted."""
+        if self._dispatched.get(pod):
+            self._leaving.add(pod)
+            return
+        self._forget(pod)
+
+    def _forget(self, pod: str) -> None:
         cached = [m for m in vars(self).values() if isinstance(m, CachedLabels)]
         forget_label_value([m.metric for m in cached], "pod", pod)
         for m in cached:

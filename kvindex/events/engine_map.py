@@ -66,11 +66,24 @@ def _with_tiers(entry: Entry, tiers: int) -> Entry:
     return keys, depth, anchor, parent, tiers
 
 
+def _weight(entry: Entry) -> int:
+    """An entry's router keys: what it holds grows with them, and the pod chooses how
+    many (an engine block of ``k`` router blocks is ``k`` keys under one hash)."""
+    keys = entry[_KEYS]
+    return 1 if isinstance(keys, int) else len(keys)
+
+
 class EngineKeyMap:
-    """Bounded LRU map; the least recently learned or used hash is evicted first."""
+    """Bounded LRU map; the least recently learned or used hash is evicted first.
+
+    ``capacity`` counts router keys, not engine hashes: an event's ``block_size`` is
+    the pod's to choose, and one hash of a 64k-token engine block held 4,096 keys
+    (~190 KB), so a map bounded by hashes alone was bounded by nothing. A one-key
+    entry, the most a key costs (``ENTRY_BYTES``), weighs 1, so the worst case stays
+    ``capacity * ENTRY_BYTES``."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
-        self._map: BoundedLRU[EngineHash, Entry] = BoundedLRU(capacity)
+        self._map: BoundedLRU[EngineHash, Entry] = BoundedLRU(capacity, weigh=_weight)
 
     @property
     def capacity(self) -> int:
@@ -151,4 +164,4 @@ class EngineKeyMap:
         self._map.clear()
 
     def bound(self) -> Bound:
-        return Bound(len(self._map), self.capacity, "hashes", ENTRY_BYTES)
+        return Bound(self._map.size, self.capacity, "keys", ENTRY_BYTES)

@@ -65,6 +65,11 @@ _YIELD_EVERY = 32
 # 5-byte token ids) encodes to 7.2 MiB, a default step (<= 16k tokens) to ~115 KiB;
 # 16 MiB leaves twice the extreme case and over 100x the usual one.
 MAX_FRAME_BYTES = 16 * 1024 * 1024
+# Replayed payloads held at once, before they are applied in order: the batch bound
+# alone let a pod's replay pin ``replay_max_batches`` frames of up to MAX_FRAME_BYTES
+# (312 GiB). vLLM keeps 10,000 batches of a few KiB (~115 KiB for a step that stores
+# 16k tokens); a longer history is cut here and counted (``RankStats.replays_cut``).
+MAX_REPLAY_BYTES = 256 * 1024 * 1024
 
 # ZMQ reports its retry (CONNECT_RETRIED) right after a DISCONNECTED it will retry;
 # after a protocol error (a frame over MAXMSGSIZE, a broken frame) it never retries,
@@ -120,6 +125,7 @@ class RankStats:
     replays: int = 0
     replay_timeouts: int = 0
     replayed_batches: int = 0
+    replays_cut: int = 0  # replays stopped at replay_max_bytes (the rest counts as lost)
     lost_batches: int = 0  # gap batches neither live nor replayed
     duplicates: int = 0
     restarts: int = 0
@@ -157,6 +163,7 @@ class KVEventSubscriber:
         map_capacity: int = DEFAULT_CAPACITY,
         replay_timeout_s: float = 2.0,
         replay_max_batches: int = 20_000,
+        replay_max_bytes: int = MAX_REPLAY_BYTES,
         bootstrap_replay: bool = True,
         warm_start: bool = False,
         heartbeat_s: float = 5.0,
@@ -168,6 +175,7 @@ class KVEventSubscriber:
         self.topic = topic.encode()
         self.replay_timeout_s = replay_timeout_s
         self.replay_max_batches = replay_max_batches
+        self.replay_max_bytes = replay_max_bytes
         self.bootstrap_replay = bootstrap_replay
         self.warm_start = warm_start and replay_endpoint is not None
         self.warmed = asyncio.Event()  # every rank's start-up replay ended (or none was due)
@@ -419,11 +427,15 @@ class KVEventSubscriber:
     async def _read_replay(
         self, st: _RankState, dealer: zmq.asyncio.Socket, start: int
     ) -> dict[int, bytes]:
-        """Replies until the end marker, an idle timeout, or the batch bound."""
+        """Replies until the end marker, an idle timeout, or the batch or byte bound."""
         await dealer.send_multipart(replay_request(start))
         out: dict[int, bytes] = {}
+        held = 0  # payload bytes received (a seq sent twice counts twice: a bound)
         idle_ms = int(self.replay_timeout_s * 1000)
         while len(out) < self.replay_max_batches:
+            if held >= self.replay_max_bytes:
+                st.stats.replays_cut += 1
+                break
             if not await dealer.poll(idle_ms, zmq.POLLIN):
                 st.stats.replay_timeouts += 1
                 break
@@ -434,5 +446,6 @@ class KVEventSubscriber:
                 break
             else:
                 out[frame.seq] = frame.payload
+                held += len(frame.payload)
         st.stats.replayed_batches += len(out)
         return out
