@@ -133,6 +133,9 @@ class Timeouts(BaseModel):
     connect_s: float = 2.0
     first_byte_s: float = 120.0  # arrival to the pod's first body byte: queueing and prefill
     total_s: float = 900.0  # arrival to the last byte
+    # Most time a stream may go without a byte from its pod once it started (None: no
+    # limit but total_s): a pod that hangs mid-stream ends it and counts as failed.
+    stream_idle_s: float | None = Field(default=60.0, gt=0)
     tokenize_s: float = 5.0  # one engine /tokenize call (then the next pod is asked)
     client_headers_s: float = 10.0  # a client's request line and headers must arrive within
     client_body_s: float = 30.0  # ... and its body (slow clients get 408, not a held slot)
@@ -278,7 +281,7 @@ class IndexSettings(BaseModel):
     # The chosen pod holds the prompt's blocks until events confirm; 0: no speculation.
     # (The memory index rounds the end up to the next 1/8 s: ``block_state.spec_deadline``.)
     speculative_ttl_s: float = Field(default=3.0, ge=0)
-    engine_map_capacity: int = 200_000  # engine hash -> router key entries per pod
+    engine_map_capacity: int = 200_000  # router keys the engine-hash map holds, per pod and rank
     redis_cluster: bool = False  # redis_url names a node of a Redis Cluster
     # Replay each pod's KV events at start (its replay endpoint), so a gateway that joins
     # or restarts routes on a full index at once; the memory backend's /ready waits for it.

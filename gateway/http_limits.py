@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from starlette.requests import Request
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from gateway.asgi import DisconnectWatch, read_body
 from gateway.errors import GatewayError
@@ -114,6 +114,9 @@ def guarded_protocol(
             self._too_large = False
             self._headers_deadline: asyncio.TimerHandle | None = None
             self._counted = False
+            # The request whose app runs. With requests pipelined behind it, uvicorn's
+            # ``cycle`` is the newest, and only that one hears of the client leaving.
+            self._answering: RequestResponseCycle | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -127,6 +130,13 @@ def guarded_protocol(
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._headers_arrived()
+            answering = self._answering
+            if answering is not None and answering is not self.cycle:
+                # A request pipelined behind it: uvicorn tells only that one, and this
+                # one's DisconnectWatch would not cancel its upstream request.
+                if not answering.response_complete:
+                    answering.disconnected = True
+                    answering.message_event.set()
             if self._counted:
                 self._counted = False
                 connections.release()  # type: ignore[union-attr]
@@ -146,10 +156,16 @@ def guarded_protocol(
 
         def on_headers_complete(self) -> None:
             self._headers_arrived()
+            before = self.cycle
             super().on_headers_complete()
+            if before is None or before.response_complete:
+                self._answering = self.cycle  # its app starts now (else it is queued)
 
         def on_response_complete(self) -> None:
+            queued = self.pipeline[-1][0] if self.pipeline else None  # the next to start
             super().on_response_complete()
+            if queued is not None and not (self.pipeline and self.pipeline[-1][0] is queued):
+                self._answering = queued
             if not self.transport.is_closing():
                 self._await_headers()  # the next request on this kept-alive connection
 

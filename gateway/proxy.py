@@ -68,6 +68,41 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 CLIENT_CLOSED = 499  # nginx's "client closed request"
 _NO_SPAN = contextlib.nullcontext()
 _STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
+ERROR_EXCERPT_BYTES = 500  # of a pod's 5xx body, quoted in the 502
+# ... and how long it may take to come: the pod has answered already, and the next pod
+# is tried within the same first-byte deadline (it runs from arrival).
+ERROR_EXCERPT_WAIT_S = 0.25
+
+
+class _QuietPod:
+    """Ends a stream whose pod sends nothing for ``idle_s``, through the stream's own
+    timeout ``deadline``. A chunk costs storing the time it was relayed; the timer
+    re-arms itself at most once per ``idle_s``, instead of a new timer for every chunk.
+    Time spent sending to the client (a slow reader) is not the pod's silence."""
+
+    __slots__ = ("_deadline", "_handle", "_idle_s", "_loop", "fired", "last", "sending")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, deadline: asyncio.Timeout, idle_s: float
+    ) -> None:
+        self._loop = loop
+        self._deadline = deadline
+        self._idle_s = idle_s
+        self.last = loop.time()  # the last chunk's relay, or the watch's start
+        self.sending = False
+        self.fired = False
+        self._handle = loop.call_at(self.last + idle_s, self._check)
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        if not self.sending and now - self.last >= self._idle_s:
+            self.fired = True
+            self._deadline.reschedule(now)  # the relay gets TimeoutError
+        else:
+            self._handle = self._loop.call_at(max(now, self.last) + self._idle_s, self._check)
+
+    def stop(self) -> None:
+        self._handle.cancel()
 
 
 class _PodFailure(Exception):
@@ -283,7 +318,7 @@ class Proxy:
             self._registry.models_stale(a.pod)
         try:
             if upstream.status >= 500:
-                body = await _read_quietly(upstream)
+                body = await _error_excerpt(upstream, first_byte_by)
                 raise _PodFailure(
                     GatewayError(502, f"pod '{a.pod.name}' returned {upstream.status}: {body}"),
                     f"status_{upstream.status}",
@@ -463,19 +498,36 @@ class Proxy:
         one SSE error event; the client leaving (cancellation) is recorded as 499."""
         tail = bytearray(first[-USAGE_TAIL_BYTES:])
         failure: tuple[int, str] | None = None  # (status, what the pod did)
+        idle_s = self._s.timeouts.stream_idle_s
+        quiet: _QuietPod | None = None
         try:
-            async with asyncio.timeout_at(self._deadline(loop, a, self._s.timeouts.total_s)):
+            async with asyncio.timeout_at(
+                self._deadline(loop, a, self._s.timeouts.total_s)
+            ) as deadline:
+                if idle_s is not None:
+                    quiet = _QuietPod(loop, deadline, idle_s)
                 with span("kvgate.stream"):
                     async for chunk in chunks:
                         tail += chunk
                         if len(tail) > 2 * USAGE_TAIL_BYTES:
                             del tail[:-USAGE_TAIL_BYTES]
+                        if quiet is not None:
+                            quiet.sending = True
                         await send({"type": "http.response.body", "body": chunk,
                                     "more_body": True})  # fmt: skip
+                        if quiet is not None:
+                            quiet.sending = False
+                            quiet.last = loop.time()
         except TimeoutError:
-            failure = (504, "timed out mid-stream")
+            if quiet is not None and quiet.fired:
+                failure = (504, f"sent nothing for {idle_s:g} s mid-stream")
+            else:
+                failure = (504, "timed out mid-stream")
         except UpstreamDropped as exc:
             failure = (502, f"failed mid-stream: {exc}")
+        finally:
+            if quiet is not None:
+                quiet.stop()
         if failure is not None:
             await self._end_stream(send, a, *failure, watch, style)
             return
@@ -508,9 +560,22 @@ class Proxy:
         return _PodFailure(GatewayError(504, f"pod '{a.pod.name}' {what}"), "timeout", retry=False)
 
 
-async def _read_quietly(upstream: UpstreamResponse) -> str:
-    try:
-        body = await upstream.read()
-        return body[:500].decode(errors="replace")
-    except UpstreamDropped:
+async def _error_excerpt(upstream: UpstreamResponse, by: float) -> str:
+    """The start of a 5xx answer's body, to quote in the 502: up to ``ERROR_EXCERPT_BYTES``
+    of what arrives within ``ERROR_EXCERPT_WAIT_S`` and by ``by`` (the first-byte deadline).
+    Its end is not waited for: a pod whose error body stalls or never ends must not hold
+    the request, which goes to the next pod. A body not read to its end closes its
+    connection (the caller's ``close``)."""
+    excerpt = b""
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(UpstreamDropped, TimeoutError):
+        async with asyncio.timeout_at(min(by, loop.time() + ERROR_EXCERPT_WAIT_S)):
+            async for chunk in upstream.chunks():
+                excerpt += chunk
+                if len(excerpt) >= ERROR_EXCERPT_BYTES:
+                    break
+            else:
+                upstream.release()  # read to its end: the connection can be reused
+    if not excerpt:
         return "(no body)"
+    return excerpt[:ERROR_EXCERPT_BYTES].decode(errors="replace")

@@ -143,7 +143,8 @@ async def running_gateway(
 ) -> AsyncIterator[Gateway]:
     """Build, start, yield, and stop one gateway: the order of both lives here.
 
-    Requests to pods go through ``Upstream`` (aiohttp, the hot path); health probes,
+    Requests to pods go through ``Upstream`` (``gateway.upstream``'s own client, the hot
+    path); health probes,
     engine ``/tokenize`` calls and discovery use the httpx ``client``. ``worker``: this
     process is one of ``kvgate serve --workers N`` (``gateway.workers``). ``source``:
     where its settings came from; with one, SIGHUP, ``POST /admin/reload`` and a

@@ -124,7 +124,9 @@ class _Connection(asyncio.Protocol):
         self.status = 0
         self.headers: dict[str, str] = {}
         self._head_bytes = 0
-        self._head_read = 0  # bytes read while the head is incomplete
+        # Bytes read in a row that carried no body byte: a head, or trailers after a
+        # chunked body (httptools holds each of their lines whole until it ends).
+        self._bodiless = 0
         self._heard = False  # a byte of this exchange's answer arrived
         self._refused: str | None = None  # why a callback stopped the parser
         self._informational = False  # a 1xx response precedes the real one
@@ -147,17 +149,22 @@ class _Connection(asyncio.Protocol):
             self._fail("sent bytes outside an exchange")
             return
         self._heard = True
+        buffered = self._buffered
         try:
             self._parser.feed_data(data)
         except Exception as exc:  # HttpParserError, an upgrade we never asked for
             self._fail(self._refused or f"sent a malformed response ({exc!r})")
             return
-        if self._head is not None and not self._head.done():
+        if self._buffered == buffered:  # not a body byte in it
             # httptools holds a header line until it ends, so on_header cannot bound a
-            # head that never does: the bytes read while it is incomplete are bounded too.
-            self._head_read += len(data)
-            if self._head_read > MAX_HEAD_BYTES:
+            # head, or trailers after the last chunk, that never do: the bytes read in a
+            # row without a body byte are bounded too (chunk framing between body bytes
+            # is not counted: each read of a body resets the count).
+            self._bodiless += len(data)
+            if self._bodiless > MAX_HEAD_BYTES:
                 self._fail(f"sent more than {MAX_HEAD_BYTES} bytes of headers")
+        else:
+            self._bodiless = 0
 
     def eof_received(self) -> bool:
         return False  # the transport closes itself; connection_lost follows
@@ -191,14 +198,22 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         assert self._parser is not None and self._head is not None
         status = self._parser.get_status_code()
-        if 100 <= status < 200:  # informational (103 Early Hints, ...): the answer follows
+        if not 100 <= status < 600:
+            # httptools takes any 3 digits; the gateway's server (uvicorn) has no status
+            # line for one outside 100-599 and would drop the client without an answer.
+            self._refused = f"sent status {status}"
+            raise UpstreamDropped(self._refused)
+        if status < 200:  # informational (103 Early Hints, ...): the answer follows
             self._informational = True
             return
         self.status = status
         self.keep_alive = self._parser.should_keep_alive()
+        # A response's body ends at the connection's close unless it has a length or
+        # is chunked last (RFC 9112 6.3: ``Transfer-Encoding: identity`` alone too).
+        coding = self.headers.get("transfer-encoding", "").rstrip().lower()
         self._until_eof = (
             "content-length" not in self.headers
-            and "transfer-encoding" not in self.headers
+            and not coding.endswith("chunked")
             and status not in (204, 304)
         )
         if not self._head.done():
@@ -217,7 +232,7 @@ class _Connection(asyncio.Protocol):
             self._informational = False
             self.headers = {}
             self._head_bytes = 0
-            self._head_read = 0
+            self._bodiless = 0
             return
         self.complete = True
         self._wake()
@@ -229,7 +244,7 @@ class _Connection(asyncio.Protocol):
         assert self._transport is not None
         self._parser = httptools.HttpResponseParser(self)
         self._head = self._pool.loop.create_future()
-        self._head_read = 0
+        self._bodiless = 0
         self._heard = False
         self._transport.write(data)
         return self._head
