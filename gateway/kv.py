@@ -319,7 +319,17 @@ class KvIndex:
         applied = 0
         for batch in batches:
             applied += await ingestor.apply_batch(batch, batch.dp_rank or 0)
+            if not self._follows(pod.name, ingestor):
+                # The pod left (or is followed anew) while the batch was written: what
+                # landed after ``pod_removed`` dropped its entries would stay for ever.
+                await self.store.drop_pod(pod.name)
+                break
         return applied
+
+    def _follows(self, name: str, ingestor: PodIngestor) -> bool:
+        """Whether ``ingestor`` is still the one ``name``'s events go through."""
+        sub = self._subscribers.get(name)
+        return (sub.ingestor if sub is not None else self._http_ingestors.get(name)) is ingestor
 
     def l0_blocks_now(self, pod: str) -> int | None:
         """``pod``'s L0 occupancy by its events (``IndexStore.l0_blocks_now``), or

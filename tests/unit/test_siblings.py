@@ -4,6 +4,7 @@ key; with Redis they are not sent (Redis has them)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
@@ -232,3 +233,35 @@ async def test_a_prefix_aware_choice_of_one_worker_is_the_others_choice_too():
         # ... and worker 1 sends the second turn there, as a cache hit.
         second = route(1, second_turn)
         assert (second.pod, second.decision.reason) == ("pod-3", Reason.CACHE_HIT)
+
+
+async def test_events_being_written_as_their_pod_leaves_leave_no_entries(workers):
+    """A batch's write that ends after its pod left (a Redis round trip, here held)
+    would put back entries ``pod_removed`` had dropped, and nothing would drop them."""
+    a, _ = workers
+
+    class HeldWrites:  # the real store, its writes held until released
+        def __init__(self, inner) -> None:
+            self.inner = inner
+            self.release = asyncio.Event()
+
+        async def apply(self, pod, ops) -> None:
+            await self.release.wait()
+            await self.inner.apply(pod, ops)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    a.store = held = HeldWrites(a.store)
+    tokens = list(range(100, 132))
+    body = (b'[1.0, [{"type": "BlockStored", "block_hashes": [5, 6], "parent_block_hash": null,'
+            b' "token_ids": ' + str(tokens).encode() + b', "block_size": 16, "lora_id": null,'
+            b' "medium": "GPU", "lora_name": null}], null]')  # fmt: skip
+    pod = a.peers._registry.get("p")
+    posting = asyncio.create_task(a.apply_http_events(pod, body, "application/json"))
+    await asyncio.sleep(0.01)
+    await a.pod_removed("p")
+    held.release.set()
+    await posting
+    keys = a.keyer("m").keys_for(tokens, None, None)
+    assert (await a.store.match(keys, 16)).pods == {}
