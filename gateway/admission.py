@@ -30,6 +30,7 @@ from gateway.errors import GatewayError
 from gateway.metrics import CachedLabels
 from gateway.pods import Pod
 from gateway.router import Router
+from kvindex.metrics import forget_label_value
 from kvindex.types import Bound
 from routing.admission import (
     SHED_REASONS,
@@ -135,6 +136,7 @@ class Admission:
         self._metrics = metrics
         self._clock = clock
         self._queues: dict[str, AdmissionQueue] = {}  # one per model the pods serve
+        self._leaving: set[str] = set()  # models no pod serves, whose queues still hold waiters
         self._configure(settings, models)
 
     def _configure(self, settings: AdmissionSettings, models: Mapping[str, ModelSettings]) -> None:
@@ -205,6 +207,8 @@ class Admission:
         ``x-kvgate-predicted-*`` headers), so an SLO shed may say how far over it was."""
         if not candidates():
             return None
+        if self._leaving:  # a pod serves the model again: its queue stays
+            self._leaving.discard(model)
         queue = self._queue(model)
         waiter = _Waiter(asyncio.get_running_loop().create_future(), req, answer, candidates)
         ticket.item = waiter
@@ -230,12 +234,25 @@ class Admission:
         finally:
             self._gauge(model)
             self._pump(model)  # the head may have changed
+            if model in self._leaving and not queue.waiting:
+                self._forget(model)  # the last waiter of a model that left
 
     def pod_admitted(self, pod: Pod) -> None:
         """A pod joined rotation: waiters of its models may go now."""
         for model in list(self._queues):
             if model in pod.models:
                 self._pump(model)
+
+    def models_gone(self, gone: set[str]) -> None:
+        """No pod serves ``gone`` any more (``PodRegistry.on_models_gone``): their queues
+        and series go, the model's fairness state with them. A queue with waiters stays
+        until the last has gone (dispatched, shed or cancelled: counted in its series)."""
+        for model in gone:
+            queue = self._queues.get(model)
+            if queue is not None and queue.waiting:
+                self._leaving.add(model)
+            else:
+                self._forget(model)
 
     def bounds(self) -> dict[str, Bound]:
         out: dict[str, Bound] = {}
@@ -364,7 +381,18 @@ class Admission:
         if moved:
             self._gauge(model)
 
+    def _forget(self, model: str) -> None:
+        self._leaving.discard(model)
+        self._queues.pop(model, None)
+        self._policies.pop(model, None)
+        m = self._metrics
+        forget_label_value([m.queue_length.metric, m.wait.metric, m.shed.metric], "model", model)
+        for cached in (m.queue_length, m.wait, m.shed):
+            cached.forget()
+
     def _gauge(self, model: str) -> None:
-        queue = self._queues[model]
+        queue = self._queues.get(model)
+        if queue is None:  # forgotten: its model left, and another waiter was its last
+            return
         for name, n in zip(self._s.priorities, queue.lengths(), strict=True):
             self._metrics.queue_length.labels(model, name).set(n)

@@ -18,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Collection, Coroutine, Iterable, Sequence
 from typing import Any, Protocol
 
 import httpx
 from prometheus_client import CollectorRegistry, Counter
 
 from gateway.config import ModelSettings, Settings
+from gateway.metrics import label_values
 from gateway.openai_body import ParsedRequest
 from gateway.pods import Pod
 from gateway.prompt_tokens import PromptTokens
@@ -38,7 +39,7 @@ from kvindex.instrumented import InstrumentedStore
 from kvindex.keyer import BlockKeyer, KeyerCaches
 from kvindex.lru import BoundedLRU
 from kvindex.memory_store import MemoryStore
-from kvindex.metrics import EventMetrics
+from kvindex.metrics import EventMetrics, forget_label_value
 from kvindex.store import IndexStore
 from kvindex.tokenization.front import Tokenization
 from kvindex.types import Bound
@@ -283,6 +284,17 @@ class KvIndex:
         self.tokens.forget_pod(name)
         self.event_metrics.forget_pod(name)
         await self.store.drop_pod(name)
+
+    def forget_models(self, gone: Iterable[str], served: Collection[str]) -> None:
+        """No pod serves ``gone`` any more (``PodRegistry.on_models_gone``): their keyers
+        and tokenize-failure series go, and those of any other model no pod serves (a
+        request that resolved its model before the model left counts its failure after).
+        Nothing here waits for requests in flight: failures are counted before dispatch."""
+        for model in gone:
+            self._keyers.pop(model)
+        failures = self._tokenize_failures
+        for model in {*gone, *label_values([failures], "model")} - set(served):
+            forget_label_value([failures], "model", model)
 
     async def ingest_http(self, pod: Pod, body: bytes, content_type: str) -> int:
         """``POST /admin/kv-events``: batches in vLLM's schema as msgpack or JSON.

@@ -37,6 +37,7 @@ T = TypeVar("T")
 
 PodListener = Callable[["Pod"], Awaitable[None] | None]
 RemovalListener = Callable[[str], Awaitable[None] | None]
+ModelsListener = Callable[[set[str]], None]
 
 # One /v1/models card as kept: the fields below, strings of up to CARD_STRING_CHARS
 # (tracemalloc, CPython 3.11).
@@ -165,6 +166,7 @@ class PodRegistry:
         self._on_eject: list[PodListener] = []
         self._on_admit: list[PodListener] = []
         self._on_remove: list[RemovalListener] = []
+        self._on_models_gone: list[ModelsListener] = []
         for cfg in pods:
             self.add(cfg)
 
@@ -183,7 +185,7 @@ class PodRegistry:
         pod = self._pods.get(cfg.name)
         if pod is not None:
             pod.config = cfg
-            pod.models = set(pod.model_cards) | set(cfg.models)
+            self._set_models(pod, set(pod.model_cards) | set(cfg.models))
         return pod
 
     def configure(self, health: HealthSettings, lora: LoraSettings) -> None:
@@ -203,6 +205,7 @@ class PodRegistry:
             self._metrics.pod_healthy.remove(name)
         if pod is not None:
             await self._notify(self._on_remove, name)
+            self._models_lost(pod.models)
 
     def on_eject(self, listener: PodListener) -> None:
         """Called when a pod leaves rotation (failed probes or requests, or removal)."""
@@ -215,6 +218,12 @@ class PodRegistry:
     def on_remove(self, listener: RemovalListener) -> None:
         """Called with the pod's name when it is removed from the fleet for good."""
         self._on_remove.append(listener)
+
+    def on_models_gone(self, listener: ModelsListener) -> None:
+        """Called with the models no pod lists any more (an adapter unloaded, the last
+        pod of a model removed), as soon as that is seen: they are no longer
+        ``known_models``. Synchronous: models are learnt outside any await."""
+        self._on_models_gone.append(listener)
 
     # -- views --
 
@@ -339,7 +348,26 @@ class PodRegistry:
                 log.warning("pod %s lists more than %d models; the rest are ignored",
                             pod.name, cap)  # fmt: skip
         pod.model_cards = cards
-        pod.models = set(cards) | set(pod.config.models)
+        self._set_models(pod, set(cards) | set(pod.config.models))
+
+    def _set_models(self, pod: Pod, models: set[str]) -> None:
+        lost, pod.models = pod.models - models, models
+        self._models_lost(lost)
+
+    def _models_lost(self, lost: set[str]) -> None:
+        """A pod no longer lists ``lost``: those no pod lists are gone from the fleet.
+        Only the pod's own models are checked, against the others' (the fleet's
+        ``known_models`` before and after, without building it every probe)."""
+        pods = self._pods.values()
+        gone = {m for m in lost if not any(m in p.models for p in pods)}
+        if not gone:
+            return
+        log.info("models no pod serves any more: %s", ", ".join(sorted(gone)))
+        for listener in self._on_models_gone:
+            try:
+                listener(gone)
+            except Exception:
+                log.exception("models listener failed for %s", ", ".join(sorted(gone)))
 
     async def _read_models(self, pod: Pod) -> None:
         try:

@@ -136,7 +136,7 @@ class Router:
         name = routed.strategy.name
         self._metrics.decision_latency.labels(name).observe(took_s)
         self._metrics.decisions.labels(name, routed.decision.reason).inc()
-        self._metrics.dispatched(routed.pod)
+        self._metrics.dispatched(routed.pod, routed.request.model)
         if self.on_routed is not None:
             self.on_routed(routed)
 
@@ -156,7 +156,7 @@ class Router:
         if routed.inflight.finished:
             return
         self.core.finish(routed, outcome)
-        self._metrics.released(routed.pod)
+        self._metrics.released(routed.pod, routed.request.model)
         if self.on_load_change is not None:
             self.on_load_change(routed.request.model, True)
 

@@ -97,6 +97,7 @@ class Gateway:
                 built = Admission(new.admission, new.models, self.router,
                                   AdmissionMetrics(self.prometheus))  # fmt: skip
                 self.registry.on_admit(built.pod_admitted)
+                self.registry.on_models_gone(built.models_gone)
                 self.admission_control = built
             else:
                 built.reconfigure(new.admission, new.models)
@@ -168,6 +169,9 @@ async def running_gateway(
         registry.on_remove(kv.pod_removed)
         registry.on_remove(core.load.forget)
         registry.on_remove(metrics.forget_pod)
+        # Adapters come and go: a model no pod serves takes its series and state with it.
+        registry.on_models_gone(lambda gone: metrics.forget_models(gone, registry.known_models()))
+        registry.on_models_gone(lambda gone: kv.forget_models(gone, registry.known_models()))
         router = Router(core, metrics, kv, settings.session_header, settings.session_body_field)
         if scale.siblings is not None:
             router.before_route, router.on_routed = scale.siblings.drain, scale.siblings.routed
@@ -176,6 +180,7 @@ async def running_gateway(
             admission = Admission(settings.admission, settings.models, router,
                                   AdmissionMetrics(prometheus))  # fmt: skip
             registry.on_admit(admission.pod_admitted)
+            registry.on_models_gone(admission.models_gone)
         tracing = Tracing(settings.tracing) if settings.tracing.enabled else None
         in_flight = InFlightBounds(lambda bound: metrics.refused.labels(bound).inc())
         proxy = Proxy(settings, upstream, registry, router, metrics, in_flight, admission,
