@@ -6,7 +6,7 @@ names, status classes — never anything derived from prompt text.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -292,3 +292,34 @@ def label_values(metrics: Iterable[object], label: str) -> set[str]:
             at = names.index(label)
             values.update(k[at] for k in list(children))
     return values
+
+
+class FleetSeries:
+    """The series of the pods and models the fleet has now, of another collector's.
+
+    With ``--workers`` ``/metrics`` reads every worker's files (prometheus_client's
+    multiprocess mode), where a label set cannot be removed: ``forget_pod`` and
+    ``forget_model`` do nothing there, and a pod's series would be exposed for the life
+    of the process group, a rollout's worth more each time. A series labelled with a
+    pod or a model the fleet no longer has is left out (``""``, a request routed to no
+    pod or naming no known model, is kept)."""
+
+    def __init__(
+        self,
+        inner: Any,
+        pods: Callable[[], Iterable[str]],
+        models: Callable[[], Iterable[str]],
+    ) -> None:
+        self._inner = inner
+        self._pods = pods
+        self._models = models
+
+    def collect(self) -> Iterator[Any]:
+        pods, models = {"", *self._pods()}, {"", *self._models()}
+        for family in self._inner.collect():
+            family.samples = [
+                s for s in family.samples
+                if s.labels.get("pod", "") in pods and s.labels.get("model", "") in models
+            ]  # fmt: skip
+            if family.samples:
+                yield family

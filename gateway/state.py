@@ -26,7 +26,7 @@ from gateway.discovery import DiscoveryMetrics, PodDiscovery, RegistrySink
 from gateway.in_flight import InFlightBounds
 from gateway.kv import KvIndex
 from gateway.loop_lag import LoopLagMonitor
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import FleetSeries, GatewayMetrics
 from gateway.pods import PodRegistry, same_endpoints
 from gateway.proxy import Proxy
 from gateway.reload import Reloader, ReloadMetrics
@@ -190,7 +190,9 @@ async def running_gateway(
             from prometheus_client import multiprocess
 
             exposition = CollectorRegistry()
-            multiprocess.MultiProcessCollector(exposition, path=worker.metrics_dir)
+            files = multiprocess.MultiProcessCollector(None, path=worker.metrics_dir)
+            names = lambda: (p.name for p in registry.all())  # noqa: E731
+            exposition.register(FleetSeries(files, names, registry.known_models))
         gw = Gateway(settings, registry, router, proxy, metrics, prometheus, client, kv, scale,
                      exposition, upstream, in_flight, admission, tracing,
                      admission_control=admission)  # fmt: skip

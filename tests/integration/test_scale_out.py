@@ -163,6 +163,30 @@ def test_events_posted_to_one_worker_reach_every_worker_or_none(fleet):
     assert answers == {("0", fleet[1].name, 3 * BLOCK), ("1", fleet[1].name, 3 * BLOCK)}
 
 
+def test_a_pod_a_reload_removes_leaves_no_series_in_two_workers_metrics(
+    fleet, system_prompt, tmp_path
+):
+    """With --workers the metrics live in files where a label set cannot be removed:
+    /metrics shows only the series of the pods (and models) the fleet has now."""
+    config = tmp_path / "kvgate.yaml"
+
+    def write(pods) -> None:  # JSON is YAML
+        config.write_text(json.dumps({"pods": [{"name": p.name, "url": p.url} for p in pods]}))
+
+    gone = f'pod="{fleet[1].name}"'
+    write(fleet)
+    with run_gateway([], strategy=None, extra_args=["--config", str(config)], env=_env(),
+                     workers=2) as gw:  # fmt: skip
+        for i in range(8):  # round-robin in each worker: both pods served
+            _chat(gw, system_prompt, f"question {i}")
+        assert gone in httpx.get(f"{gw}/metrics").text
+        write(fleet[:1])
+        assert httpx.post(f"{gw.admin}/admin/reload").status_code == 200
+        wait_for(lambda: all(gone not in httpx.get(f"{gw}/metrics").text for _ in range(4)),
+                 10, what="the removed pod's series to leave /metrics")  # fmt: skip
+        assert f'pod="{fleet[0].name}"' in httpx.get(f"{gw}/metrics").text
+
+
 def _children(pid: int) -> set[int]:
     text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
     return {int(c) for c in text.split()}
