@@ -11,15 +11,18 @@ from __future__ import annotations
 import contextvars
 import ipaddress
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
     BeforeValidator,
+    ConfigDict,
     Field,
     field_validator,
     model_validator,
@@ -66,11 +69,47 @@ ApiKeys = Annotated[
 
 MAX_DP_RANKS = 64  # data-parallel engines behind one pod's address
 
+# A TCP port as configured; 0 asks the system for a free one (tests, benchmarks).
+Port = Annotated[int, Field(ge=0, le=65535)]
 
-class PodConfig(BaseModel):
+
+class Section(BaseModel):
+    """A section of the settings: a key it does not have is an error, not ignored, so a
+    typo'd nested key (``timeouts.conect_s``) fails like a typo'd top-level one instead
+    of leaving the default in force unnoticed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def _checked_url(url: str) -> str:
+    """A pod's base URL: http(s) with a host. Anything else would be accepted and then
+    never answer a probe, so the pod would sit out of rotation with no error said."""
+    scheme, sep, rest = url.partition("://")
+    host = rest.split("/", 1)[0]
+    if not sep or scheme not in ("http", "https") or not host or host.startswith(":"):
+        raise ValueError(f"{url!r} is not an http:// or https:// URL with a host")
+    return url.rstrip("/")
+
+
+def _checked_endpoint(endpoint: str | None) -> str | None:
+    """A ZMQ endpoint to connect to: ``tcp://HOST:PORT`` (or ipc://, inproc://). ZMQ
+    refuses anything else only when the subscriber starts, in the background."""
+    if endpoint is None:
+        return None
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep or scheme not in ("tcp", "ipc", "inproc") or not rest:
+        raise ValueError(f"{endpoint!r} is not a tcp://HOST:PORT (or ipc://, inproc://) endpoint")
+    if scheme == "tcp":
+        host, _, port = rest.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+            raise ValueError(f"{endpoint!r} needs a host and a port 1-65535: tcp://HOST:PORT")
+    return endpoint
+
+
+class PodConfig(Section):
     """One upstream inference pod (a vLLM server or a simulated one)."""
 
-    name: str
+    name: str = Field(min_length=1)
     url: str
     models: list[str] = Field(default_factory=list)  # empty: learned from /v1/models
     kv_events: str | None = None  # e.g. tcp://10.0.0.5:5557 (vLLM's ZMQ PUB)
@@ -84,8 +123,13 @@ class PodConfig(BaseModel):
 
     @field_validator("url")
     @classmethod
-    def _strip_slash(cls, v: str) -> str:
-        return v.rstrip("/")
+    def _usable_url(cls, v: str) -> str:
+        return _checked_url(v)
+
+    @field_validator("kv_events", "kv_replay")
+    @classmethod
+    def _usable_endpoint(cls, v: str | None) -> str | None:
+        return _checked_endpoint(v)
 
     @field_validator("events_key")
     @classmethod
@@ -99,6 +143,9 @@ class PodConfig(BaseModel):
             if port.isdigit() and int(port) + self.dp_ranks - 1 > 65535:
                 raise ValueError(f"{endpoint} with {self.dp_ranks} ranks passes port 65535")
         return self
+
+
+POD_OPTIONS = ("events", "replay", "models", "api_key", "events_key", "dp_ranks")
 
 
 def parse_pod_flag(spec: str) -> PodConfig:
@@ -123,22 +170,27 @@ def parse_pod_flag(spec: str) -> PodConfig:
         elif key == "events_key":
             fields["events_key"] = value
         elif key == "dp_ranks":
-            fields["dp_ranks"] = int(value)
+            fields["dp_ranks"] = value  # a number or not: PodConfig says which
         else:
-            raise ValueError(f"unknown pod option {key!r} in {spec!r}")
+            # Not the spec itself: it may hold the pod's api_key.
+            raise ValueError(f"unknown pod option {key!r}; known: {', '.join(POD_OPTIONS)}")
     return PodConfig(**fields)
 
 
-class Timeouts(BaseModel):
-    connect_s: float = 2.0
-    first_byte_s: float = 120.0  # arrival to the pod's first body byte: queueing and prefill
-    total_s: float = 900.0  # arrival to the last byte
+# A duration that must pass: 0 or less would fail every request (or spin a loop).
+Seconds = Annotated[float, Field(gt=0)]
+
+
+class Timeouts(Section):
+    connect_s: Seconds = 2.0
+    first_byte_s: Seconds = 120.0  # arrival to the pod's first body byte: queueing, prefill
+    total_s: Seconds = 900.0  # arrival to the last byte
     # Most time a stream may go without a byte from its pod once it started (None: no
     # limit but total_s): a pod that hangs mid-stream ends it and counts as failed.
     stream_idle_s: float | None = Field(default=60.0, gt=0)
-    tokenize_s: float = 5.0  # one engine /tokenize call (then the next pod is asked)
-    client_headers_s: float = 10.0  # a client's request line and headers must arrive within
-    client_body_s: float = 30.0  # ... and its body (slow clients get 408, not a held slot)
+    tokenize_s: Seconds = 5.0  # one engine /tokenize call (then the next pod is asked)
+    client_headers_s: Seconds = 10.0  # a client's request line and headers must arrive within
+    client_body_s: Seconds = 30.0  # ... and its body (slow clients get 408, not a held slot)
 
     @model_validator(mode="after")
     def _first_byte_within_total(self) -> Timeouts:
@@ -147,7 +199,7 @@ class Timeouts(BaseModel):
         return self
 
 
-class AdminSettings(BaseModel):
+class AdminSettings(Section):
     """The operator's listener: KV-event ingest, index inspection, optionally metrics.
 
     It is a socket of its own, so the serving port never routes to it; loopback by
@@ -155,13 +207,13 @@ class AdminSettings(BaseModel):
     never open it: on any other address ``api_keys`` (admin keys) are required."""
 
     host: str = "127.0.0.1"
-    port: int | None = 8001  # None: no admin listener
+    port: Port | None = 8001  # None: no admin listener
     api_keys: ApiKeys = Field(default_factory=list)
-    max_body_bytes: int = 16 * 1024 * 1024  # an event body above this is refused (413)
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1)  # above: refused (413)
     metrics: bool = False  # serve /metrics here instead of on the serving listener
 
 
-class TenantIsolation(BaseModel):
+class TenantIsolation(Section):
     """Per-tenant ``cache_salt``, so tenants never share KV cache (vLLM's or the index's).
 
     The tenant is the client's API key (``source: api_key``) or a header set by a
@@ -175,15 +227,15 @@ class TenantIsolation(BaseModel):
     secret: str | None = None  # required when enabled; the same on every replica
 
 
-class HealthSettings(BaseModel):
-    interval_s: float = 2.0
-    probe_timeout_s: float = 2.0
-    eject_after_failed_probes: int = 2
-    eject_after_failed_requests: int = 3
-    readmit_after_successes: int = 2
+class HealthSettings(Section):
+    interval_s: Seconds = 2.0  # 0 would probe every pod in a busy loop
+    probe_timeout_s: Seconds = 2.0
+    eject_after_failed_probes: int = Field(default=2, ge=1)
+    eject_after_failed_requests: int = Field(default=3, ge=1)
+    readmit_after_successes: int = Field(default=2, ge=1)
 
 
-class LoraSettings(BaseModel):
+class LoraSettings(Section):
     """What the gateway keeps of each pod's ``/v1/models``: the served model and its
     LoRA adapters (cards with a ``parent``), re-read on every probe, when a request
     names a model no pod listed (an adapter loaded since), and when a pod answers 404
@@ -193,15 +245,15 @@ class LoraSettings(BaseModel):
     refresh_min_interval_s: float = Field(default=1.0, ge=0)  # unknown-model re-reads, at most
 
 
-class RetrySettings(BaseModel):
-    max_attempts: int = 3  # total tries across pods, before the first byte only
-    backoff_s: float = 0.05  # doubled after each failed attempt
+class RetrySettings(Section):
+    max_attempts: int = Field(default=3, ge=1)  # total tries across pods, before the first byte
+    backoff_s: float = Field(default=0.05, ge=0)  # doubled after each failed attempt
 
 
-class ModelSettings(BaseModel):
+class ModelSettings(Section):
     """Per-model facts the index needs (keyed by served model name)."""
 
-    block_size: int | None = None  # engine's --block-size; None: ``default_block_size``
+    block_size: int | None = Field(default=None, ge=1)  # --block-size; None: the default
     tokenizer: str | None = None  # local dir (tokenizer.json + chat template) or HF cache id
     tokenizer_mode: Literal["auto", "local", "engine"] = "auto"
     # Admission control (``admission.enabled``): None takes the ``admission`` default,
@@ -211,7 +263,7 @@ class ModelSettings(BaseModel):
     ttft_slo_ms: float | None = Field(default=None, gt=0)
 
 
-class AdmissionTenant(BaseModel):
+class AdmissionTenant(Section):
     """A tenant of admission control: who it is, its default priority, its fair share."""
 
     name: str
@@ -220,7 +272,7 @@ class AdmissionTenant(BaseModel):
     weight: float = Field(default=1.0, gt=0)  # share of slots against other tenants
 
 
-class AdmissionSettings(BaseModel):
+class AdmissionSettings(Section):
     """Admission control and priorities (``gateway/admission.py``); off by default.
 
     A request waits at the gateway while every pod of its model holds
@@ -270,33 +322,33 @@ class AdmissionSettings(BaseModel):
         return self
 
 
-class IndexSettings(BaseModel):
+class IndexSettings(Section):
     """Where the KV index lives. ``memory`` is embedded; ``redis`` is shared by replicas."""
 
     backend: Literal["memory", "redis"] = "memory"
-    capacity_keys: int = 2_000_000  # memory backend, and the local fallback of redis
+    capacity_keys: int = Field(default=2_000_000, ge=1)  # memory, and redis's local view
     redis_url: str | None = None  # redis://[:password@]host:port/db or rediss:// for TLS
     namespace: str = "kvgate"
-    key_ttl_s: float = 3600.0  # every Redis block key expires unless re-stored
+    key_ttl_s: Seconds = 3600.0  # every Redis block key expires unless re-stored
     # The chosen pod holds the prompt's blocks until events confirm; 0: no speculation.
     # (The memory index rounds the end up to the next 1/8 s: ``block_state.spec_deadline``.)
     speculative_ttl_s: float = Field(default=3.0, ge=0)
-    engine_map_capacity: int = 200_000  # router keys the engine-hash map holds, per pod and rank
+    engine_map_capacity: int = Field(default=200_000, ge=1)  # router keys, per pod and rank
     redis_cluster: bool = False  # redis_url names a node of a Redis Cluster
     # Replay each pod's KV events at start (its replay endpoint), so a gateway that joins
     # or restarts routes on a full index at once; the memory backend's /ready waits for it.
     warm_start: bool = True
 
 
-class ScaleOutSettings(BaseModel):
+class ScaleOutSettings(Section):
     """Worker processes and replicas routing as one (docs/deploy.md, "Scaling out")."""
 
     # index.backend redis: every replica's in-flight counts per pod reach the others
     share_load: bool = True
     load_interval_s: float = 0.02  # how often a replica publishes its counts and reads others'
     load_lease_s: float = 1.0  # a replica not heard from for this long counts for nothing
-    max_replicas: int = 256  # other replicas' counts read at most
-    worker_load_pods: int = 1024  # pods in the host's shared load table (--workers > 1)
+    max_replicas: int = Field(default=256, ge=1)  # other replicas' counts read at most
+    worker_load_pods: int = Field(default=1024, ge=1)  # pods in the host's shared load table
     worker_bus_bytes: int = 4 * 1024 * 1024  # per worker: speculation and HTTP-event ring
 
     @model_validator(mode="after")
@@ -306,7 +358,7 @@ class ScaleOutSettings(BaseModel):
         return self
 
 
-class DiscoverySettings(BaseModel):
+class DiscoverySettings(Section):
     """Kubernetes pod discovery (``gateway/discovery.py``): pods join routing when Ready."""
 
     enabled: bool = False
@@ -316,21 +368,21 @@ class DiscoverySettings(BaseModel):
     scheme: Literal["http", "https"] = "http"
     port_name: str = "http"  # named container port that serves the OpenAI API ...
     port_annotation: str = "kvgate.io/port"  # ... unless this annotation gives a number
-    default_port: int = 8000  # neither present: vLLM's default
+    default_port: Port = 8000  # neither present: vLLM's default
     model_label: str = "kvgate.io/model"  # label values cannot hold "/" ...
     model_annotation: str = "kvgate.io/model"  # ... so an annotation wins (org/model names)
     kv_events_annotation: str = "kvgate.io/kv-events-port"  # vLLM's ZMQ PUB port
     kv_replay_annotation: str = "kvgate.io/kv-replay-port"  # vLLM's replay ROUTER port
     dp_ranks_annotation: str = "kvgate.io/dp-ranks"
-    kv_events_port: int | None = None  # for pods without the annotations (operator-made)
-    kv_replay_port: int | None = None
-    max_pods: int = 1000  # pods beyond this are counted and skipped
-    watch_timeout_s: int = 300  # server-side watch timeout; the watch resumes from its version
-    backoff_initial_s: float = 0.5  # after an API error; doubled up to backoff_max_s
-    backoff_max_s: float = 30.0
+    kv_events_port: Port | None = None  # for pods without the annotations (operator-made)
+    kv_replay_port: Port | None = None
+    max_pods: int = Field(default=1000, ge=1)  # pods beyond this are counted and skipped
+    watch_timeout_s: int = Field(default=300, ge=1)  # server-side; the watch resumes after it
+    backoff_initial_s: Seconds = 0.5  # after an API error; doubled up to backoff_max_s
+    backoff_max_s: Seconds = 30.0
 
 
-class TracingSettings(BaseModel):
+class TracingSettings(Section):
     """OpenTelemetry traces (``gateway/tracing.py``, the ``otel`` extra); off by default."""
 
     enabled: bool = False
@@ -343,7 +395,7 @@ class TracingSettings(BaseModel):
     max_queued_spans: int = Field(default=2048, ge=512)
 
 
-class ReloadSettings(BaseModel):
+class ReloadSettings(Section):
     """Hot reload (``gateway/reload.py``): SIGHUP, ``POST /admin/reload``, and this."""
 
     watch_config: bool = True  # reload when the --config file changes (a ConfigMap update)
@@ -356,13 +408,13 @@ class Settings(BaseSettings):
     )
 
     host: str = "0.0.0.0"
-    port: int = 8000
+    port: Port = 8000
     pods: Annotated[list[PodConfig], NoDecode] = Field(default_factory=list)
     strategy: str = "round-robin"
     strategy_options: dict[str, Any] = Field(default_factory=dict)
     model_strategies: dict[str, str] = Field(default_factory=dict)  # model -> strategy
     models: dict[str, ModelSettings] = Field(default_factory=dict)
-    default_block_size: int = 16  # vLLM's default on GPU (32 is required on CPU)
+    default_block_size: int = Field(default=16, ge=1)  # vLLM's on GPU (32 required on CPU)
     index: IndexSettings = Field(default_factory=IndexSettings)
     session_header: str = "x-session-id"  # session strategy: header first ...
     session_body_field: str = "user"  # ... then this body field
@@ -379,8 +431,8 @@ class Settings(BaseSettings):
     # the client gets one SSE error event. Off: the response starts with the pod's first
     # body byte, and a failure before it is retried elsewhere.
     stream_headers_early: bool = False
-    max_body_bytes: int = 8 * 1024 * 1024
-    max_header_bytes: int = 64 * 1024  # request line + headers; above: 431
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
+    max_header_bytes: int = Field(default=64 * 1024, ge=1)  # request line + headers; above: 431
     # Requests this process serves at once, and the bytes of their bodies (each held
     # whole until its answer ends); past either a request is answered 503 with
     # Retry-After, so what many clients send cannot grow memory without bound
@@ -402,7 +454,7 @@ class Settings(BaseSettings):
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     reload: ReloadSettings = Field(default_factory=ReloadSettings)
-    max_upstream_connections: int = 4096  # pooled HTTP connections to all pods together
+    max_upstream_connections: int = Field(default=4096, ge=1)  # pooled, to all pods together
     # Processes serving the port (kvgate serve --workers); None: one per core this process
     # may use (CPU affinity, capped by a cgroup CPU limit). 1: a single process.
     workers: int | None = Field(default=None, ge=1)
@@ -432,7 +484,61 @@ class Settings(BaseSettings):
             raise ValueError("tenant_isolation.enabled needs tenant_isolation.secret")
         if iso.enabled and iso.source == "api_key" and not self.api_keys:
             raise ValueError("tenant_isolation.source 'api_key' needs api_keys")
+        if self.index.backend == "redis" and not self.index.redis_url:
+            # Checked here, not only when the store is built: a reload must refuse it too.
+            raise ValueError("index.backend 'redis' needs index.redis_url")
         return self
+
+    @model_validator(mode="after")
+    def _unique_pod_names(self) -> Settings:
+        # Pods are keyed by name everywhere (registry, index, metrics): a second pod of
+        # the same name would silently replace the first.
+        names = [p.name for p in self.pods]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"pod names must be unique: {', '.join(twice)} given twice")
+        return self
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_log_level(cls, v: str) -> str:
+        # logging refuses an unknown name only when the level is set: at start-up after
+        # the settings were read, and in a reload half-way through applying them.
+        if not isinstance(logging.getLevelName(v.upper()), int):
+            raise ValueError("must be one of critical, error, warning, info, debug")
+        return v
+
+    @field_validator("strategy")
+    @classmethod
+    def _known_strategy(cls, v: str) -> str:
+        from routing.strategy_registry import canonical_name
+
+        canonical_name(v)  # ValueError: unknown strategy, and the known ones
+        return v
+
+    @field_validator("model_strategies")
+    @classmethod
+    def _known_model_strategies(cls, v: dict[str, str]) -> dict[str, str]:
+        from routing.strategy_registry import canonical_name
+
+        for name in v.values():
+            canonical_name(name)
+        return v
+
+    @field_validator("strategy_options")
+    @classmethod
+    def _options_of_strategies(cls, v: dict[str, Any]) -> dict[str, Any]:
+        # Options are looked up by canonical strategy name, so options under any other
+        # key (a typo, an alias) would be ignored without a word.
+        from routing.strategy_registry import canonical_name
+
+        for name, options in v.items():
+            canonical = canonical_name(name)  # ValueError: unknown strategy, the known ones
+            if canonical != name:
+                raise ValueError(f"options of {name!r} go under its canonical name {canonical!r}")
+            if options is not None and not isinstance(options, Mapping):
+                raise ValueError(f"{name}: options must be a mapping of keyword: value")
+        return v
 
     @field_validator("pods", mode="before")
     @classmethod
@@ -493,6 +599,22 @@ class SettingsSource:
         """The settings as they are now; a missing or empty ``--config`` file is an
         error (read as no settings at all, it would drop every configured pod)."""
         path = self.config_file
-        if path is not None and not path.read_text(encoding="utf-8").strip():
-            raise ValueError(f"config file {path} is empty")
+        if path is not None:
+            _check_config_file(path)
         return load_settings(path, **self.overrides)
+
+
+def _check_config_file(path: Path) -> None:
+    """``path`` holds a mapping of settings: empty, or YAML of another shape (a list, a
+    bare word), would be read as no settings or fail deep in the settings sources."""
+    text = path.read_text(encoding="utf-8")
+    if not text.strip():
+        raise ValueError(f"config file {path} is empty")
+    data = yaml.safe_load(text)  # a YAML error says where; describe_error reports it
+    if data is None:  # comments only
+        raise ValueError(f"config file {path} is empty")
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"config file {path} must be a mapping of settings (key: value), "
+            f"not {type(data).__name__}"
+        )

@@ -36,6 +36,7 @@ from gateway import heap
 from gateway.admission import check_admission
 from gateway.config import Settings, SettingsSource
 from gateway.settings_diff import changed_paths, needs_restart, runtime_settings
+from routing.strategy_registry import build_strategy, canonical_name
 from routing.strategy_set import StrategySet
 
 if TYPE_CHECKING:
@@ -90,12 +91,45 @@ def validated(
     try:
         loaded = source.load()
         effective = runtime_settings(running, loaded)
-        built = StrategySet.build(effective.strategy, effective.strategy_options,
-                                  effective.model_strategies, reuse=strategies)  # fmt: skip
+        built = build_strategies(effective, strategies)
         check_admission(effective)
     except Exception as exc:  # noqa: BLE001  (whatever is wrong, the running config stays)
         raise ReloadRejected(describe_error(exc)) from None
     return NewSettings(loaded, effective, built)
+
+
+def build_strategies(settings: Settings, reuse: StrategySet | None = None) -> StrategySet:
+    """The strategies ``settings`` name, built over ``reuse``. A strategy that refuses its
+    options raises ValueError naming them (``strategy_options.kv-aware: ...``): what a
+    strategy's constructor raises (a TypeError comparing a string with a number) does not
+    say which setting it came from."""
+    try:
+        return StrategySet.build(settings.strategy, settings.strategy_options,
+                                 settings.model_strategies, reuse=reuse)  # fmt: skip
+    except Exception as exc:  # noqa: BLE001  (named below, then raised as ValueError)
+        raise ValueError(_strategy_failure(settings, exc)) from None
+
+
+def _strategy_failure(settings: Settings, exc: Exception) -> str:
+    """Which configured strategy ``exc`` came from, found by building each alone."""
+    for name in dict.fromkeys([settings.strategy, *settings.model_strategies.values()]):
+        canonical, options = name, None
+        try:
+            canonical = canonical_name(name)
+            options = settings.strategy_options.get(canonical)
+            build_strategy(canonical, options)
+        except Exception as own:  # noqa: BLE001  (this one's error, named)
+            where = f"strategy_options.{canonical}" if options else f"strategy {name!r}"
+            return f"{where}: {type(own).__name__}: {own}"
+    return f"strategy: {type(exc).__name__}: {exc}"
+
+
+def preflight(settings: Settings) -> None:
+    """What start-up builds from ``settings`` beyond validating them (the strategies,
+    every model's admission policy), built once before anything starts, so a bad value
+    is one error at the command line, not a traceback from each worker it forks."""
+    build_strategies(settings)
+    check_admission(settings)
 
 
 def describe_error(exc: BaseException) -> str:

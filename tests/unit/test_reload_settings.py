@@ -83,7 +83,8 @@ def test_flags_given_at_start_up_keep_winning_over_the_file(tmp_path: Path):
         ("api_keys: [hunter2]\nadmin: {api_keys: [hunter2]}\n",
          "Value error, an admin key must not also be a client key"),
         ("timeouts: {total_s: fast}\n", "timeouts.total_s: Input should be a valid number"),
-        ("model_strategies: {m: fastest}\n", "ValueError: unknown strategy 'fastest'"),
+        ("model_strategies: {m: fastest}\n",
+         "model_strategies: Value error, unknown strategy 'fastest'"),
     ],
     ids=["yaml", "cross-field", "field", "strategy"],
 )  # fmt: skip
