@@ -69,6 +69,24 @@ class InprocGateway:
     def gw(self) -> Gateway:
         return self.app.state.gw
 
+    def series(self, **labels: str) -> list[str]:
+        """Every exposed sample whose labels include ``labels``, as ``name{labels}``."""
+        return [
+            f"{sample.name}{sample.labels}"
+            for family in self.gw.prometheus.collect()
+            for sample in family.samples
+            if labels.items() <= sample.labels.items()
+        ]
+
+    def label_values(self, label: str) -> set[str]:
+        """The values ``label`` has in the exposed samples ("" left out)."""
+        return {
+            value
+            for family in self.gw.prometheus.collect()
+            for sample in family.samples
+            if (value := sample.labels.get(label, ""))
+        }
+
     def metric(self, name: str, **labels: str) -> float:
         """The sum of the samples of ``name`` whose labels include ``labels`` (0 if none)."""
         return sum(

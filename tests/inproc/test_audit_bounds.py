@@ -9,18 +9,8 @@ import json
 from collections.abc import AsyncIterator
 
 from bench.polling import wait_for_async
-from tests.inproc.harness import InprocGateway, inproc_gateway
+from tests.inproc.harness import inproc_gateway
 from tests.inproc.scripted_pod import answer, completion, hang
-
-
-def series_of(g: InprocGateway, pod: str) -> list[str]:
-    """Every exposed sample labelled with ``pod``."""
-    return [
-        f"{s.name}{s.labels}"
-        for family in g.gw.prometheus.collect()
-        for s in family.samples
-        if s.labels.get("pod") == pod
-    ]
 
 
 async def test_a_pod_removed_with_a_request_in_flight_leaves_no_metric_series(pod_a, pod_b):
@@ -33,7 +23,7 @@ async def test_a_pod_removed_with_a_request_in_flight_leaves_no_metric_series(po
         release.set()
         assert (await request).status_code == 200
         # The request's own series were written after the pod left; they go with it.
-        assert series_of(g, "pod-a") == []
+        assert g.series(pod="pod-a") == []
         assert (await g.chat()).status_code == 200  # pod-b's series are untouched
         assert g.metric("kvgate_requests_total", pod="pod-b") == 1
         assert g.metric("kvgate_pod_in_flight_requests", pod="pod-b") == 0
@@ -88,4 +78,4 @@ async def test_events_a_pod_posted_as_it_left_are_not_applied(pod_a, pod_b):
         assert not [name for name in bounds if "pod-a" in name]  # no engine map kept
         stats = (await g.admin.get("/admin/index/stats")).json()
         assert "pod-a" not in stats["per_pod"]
-        assert series_of(g, "pod-a") == []
+        assert g.series(pod="pod-a") == []

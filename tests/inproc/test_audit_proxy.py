@@ -35,6 +35,18 @@ def raw(data: bytes, *, then_hold: bool = False):  # noqa: ANN201 (a Behaviour)
     return respond
 
 
+@contextlib.asynccontextmanager
+async def upstream_to(handler) -> AsyncIterator[tuple[Upstream, str]]:  # noqa: ANN001
+    """A started forwarding client of one connection, and a raw pod running ``handler``."""
+    async with RawPod(handler) as pod:
+        up = Upstream(1, 2.0)
+        await up.start()
+        try:
+            yield up, pod.url
+        finally:
+            await up.close()
+
+
 def settled(g: InprocGateway, pod: str) -> None:
     """Nothing of a finished request is still counted."""
     assert g.load(pod) == 0
@@ -110,15 +122,10 @@ async def test_a_status_outside_100_to_599_is_a_malformed_answer(status: bytes) 
         await writer.drain()
         await reader.read(1)
 
-    async with RawPod(odd) as pod:
-        up = Upstream(1, 2.0)
-        await up.start()
-        try:
-            with pytest.raises(UpstreamDropped, match="status"):
-                await up.open(pod.url, b"{}", HEADERS)
-            assert up.connections == 0
-        finally:
-            await up.close()
+    async with upstream_to(odd) as (up, url):
+        with pytest.raises(UpstreamDropped, match="status"):
+            await up.open(url, b"{}", HEADERS)
+        assert up.connections == 0
 
 
 async def test_a_pod_answering_status_99_gets_the_client_a_502_through_uvicorn(pod_a, pod_b):
@@ -150,21 +157,16 @@ async def test_a_trailer_line_that_never_ends_is_refused_at_the_head_bound() -> 
                 await writer.drain()
             await reader.read(1)
 
-    async with RawPod(endless) as pod:
-        up = Upstream(1, 2.0)
-        await up.start()
-        try:
-            resp = await up.open(pod.url, b"{}", HEADERS)
-            got = b""
-            with pytest.raises(UpstreamDropped, match="headers"):
-                async with asyncio.timeout(5):
-                    async for chunk in resp.chunks():
-                        got += chunk
-            assert got == b"{}"
-            resp.close()
-            assert up.connections == 0
-        finally:
-            await up.close()
+    async with upstream_to(endless) as (up, url):
+        resp = await up.open(url, b"{}", HEADERS)
+        got = b""
+        with pytest.raises(UpstreamDropped, match="headers"):
+            async with asyncio.timeout(5):
+                async for chunk in resp.chunks():
+                    got += chunk
+        assert got == b"{}"
+        resp.close()
+        assert up.connections == 0
 
 
 async def test_a_long_stream_of_small_chunks_is_not_taken_for_a_flood_of_trailers() -> None:
@@ -178,14 +180,9 @@ async def test_a_long_stream_of_small_chunks_is_not_taken_for_a_flood_of_trailer
             writer.write(framed[i : i + 4096])
             await writer.drain()
 
-    async with RawPod(chunky) as pod:
-        up = Upstream(1, 2.0)
-        await up.start()
-        try:
-            resp = await up.open(pod.url, b"{}", HEADERS)
-            assert await resp.read() == b"".join(pieces)
-        finally:
-            await up.close()
+    async with upstream_to(chunky) as (up, url):
+        resp = await up.open(url, b"{}", HEADERS)
+        assert await resp.read() == b"".join(pieces)
 
 
 # -- a client pipelining requests still cancels the one being answered when it leaves --

@@ -14,26 +14,6 @@ from tests.inproc.scripted_pod import MODEL, ScriptedPod, answer, completion, ha
 from tests.openai_errors import assert_openai_error
 
 
-def models_in_series(g: InprocGateway) -> set[str]:
-    """Every ``model`` label value of the exposed samples ("": no model resolved)."""
-    return {
-        s.labels["model"]
-        for family in g.gw.prometheus.collect()
-        for s in family.samples
-        if s.labels.get("model")
-    }
-
-
-def series_of(g: InprocGateway, model: str) -> list[str]:
-    """Every exposed sample labelled with ``model``."""
-    return [
-        f"{s.name}{s.labels}"
-        for family in g.gw.prometheus.collect()
-        for s in family.samples
-        if s.labels.get("model") == model
-    ]
-
-
 async def structures(g: InprocGateway) -> dict[str, dict]:
     return (await g.admin.get("/admin/bounds")).json()["structures"]
 
@@ -51,11 +31,11 @@ async def test_adapters_loaded_served_and_unloaded_leave_no_series(pod_a):
             pod_a.load_adapter(f"lora-{i}")
             await reprobe(g, pod_a)
             assert (await g.chat({**CHAT, "model": f"lora-{i}"})).status_code == 200
-            assert series_of(g, f"lora-{i}") != []  # requests, latency, admission ...
+            assert g.series(model=f"lora-{i}") != []  # requests, latency, admission ...
             pod_a.unload_adapter(f"lora-{i}")
             await reprobe(g, pod_a)
         assert g.gw.registry.known_models() == {MODEL}
-        assert models_in_series(g) == {MODEL}
+        assert g.label_values("model") == {MODEL}
         # The base model's series stay, and so does what admission control keeps of it.
         assert g.metric("kvgate_requests_total", model=MODEL, status="200") == 1
         assert g.metric("kvgate_admission_wait_seconds_count", model=MODEL) == 1
@@ -71,7 +51,7 @@ async def test_an_adapter_served_again_starts_new_series(pod_a):
         assert (await g.chat(adapter)).status_code == 200
         pod_a.unload_adapter("sql-lora")
         await reprobe(g, pod_a)
-        assert series_of(g, "sql-lora") == []
+        assert g.series(model="sql-lora") == []
         pod_a.load_adapter("sql-lora")
         await reprobe(g, pod_a)
         assert (await g.chat(adapter)).status_code == 200
@@ -88,10 +68,10 @@ async def test_an_adapter_another_pod_still_serves_keeps_its_series(pod_a, pod_b
         await reprobe(g, pod_a)
         assert g.metric("kvgate_requests_total", model="sql-lora") == 2
         await g.gw.registry.remove("pod-b")  # the last pod serving it leaves the fleet
-        assert series_of(g, "sql-lora") == []
+        assert g.series(model="sql-lora") == []
         assert g.metric("kvgate_requests_total", model=MODEL) == 0  # none sent: none kept
         assert (await g.chat()).status_code == 200
-        assert models_in_series(g) == {MODEL}
+        assert g.label_values("model") == {MODEL}
 
 
 async def test_a_request_in_flight_as_its_adapter_is_unloaded_is_counted_then_its_series_go(
@@ -119,7 +99,7 @@ async def test_a_request_in_flight_as_its_adapter_is_unloaded_is_counted_then_it
         release.set()
         assert (await request).status_code == 200
         assert counted == [1]
-        assert series_of(g, "sql-lora") == []
+        assert g.series(model="sql-lora") == []
         assert (await g.chat()).status_code == 200  # the base model's series are untouched
         assert g.metric("kvgate_requests_total", model=MODEL, pod="pod-a") == 1
 
@@ -150,10 +130,10 @@ async def test_a_waiting_request_keeps_its_models_admission_state_until_it_is_sh
         assert "admission.sql-lora.waiting" not in await structures(g)
         # Only its 429, counted after the model left (pod="": never routed) is left ...
         assert g.metric("kvgate_requests_total", model="sql-lora", pod="", status="429") == 1
-        assert all(s.startswith("kvgate_requests_") for s in series_of(g, "sql-lora"))
+        assert all(s.startswith("kvgate_requests_") for s in g.series(model="sql-lora"))
         pod_a.unload_adapter("other-lora")  # ... until the fleet's models change again
         await reprobe(g, pod_a)
-        assert series_of(g, "sql-lora") == []
+        assert g.series(model="sql-lora") == []
 
 
 async def test_a_tokenize_failure_series_goes_with_its_adapter(pod_a):
@@ -167,4 +147,4 @@ async def test_a_tokenize_failure_series_goes_with_its_adapter(pod_a):
         assert g.metric("kvgate_tokenize_failures_total", model="sql-lora") == 1
         pod_a.unload_adapter("sql-lora")
         await reprobe(g, pod_a)
-        assert series_of(g, "sql-lora") == []
+        assert g.series(model="sql-lora") == []
