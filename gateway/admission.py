@@ -27,10 +27,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from gateway.auth import presented_key
 from gateway.config import AdmissionSettings, AdmissionTenant, ModelSettings, Settings
 from gateway.errors import GatewayError
-from gateway.metrics import CachedLabels
+from gateway.metrics import CachedLabels, forget_series
 from gateway.pods import Pod
 from gateway.router import Router
-from kvindex.metrics import forget_label_value
 from kvindex.types import Bound
 from routing.admission import (
     SHED_REASONS,
@@ -386,9 +385,7 @@ class Admission:
         self._queues.pop(model, None)
         self._policies.pop(model, None)
         m = self._metrics
-        forget_label_value([m.queue_length.metric, m.wait.metric, m.shed.metric], "model", model)
-        for cached in (m.queue_length, m.wait, m.shed):
-            cached.forget()
+        forget_series((m.queue_length, m.wait, m.shed), "model", model)
 
     def _gauge(self, model: str) -> None:
         queue = self._queues.get(model)

@@ -25,7 +25,6 @@ import httpx
 from prometheus_client import CollectorRegistry, Counter
 
 from gateway.config import ModelSettings, Settings
-from gateway.metrics import label_values
 from gateway.openai_body import ParsedRequest
 from gateway.pods import Pod
 from gateway.prompt_tokens import PromptTokens
@@ -39,7 +38,7 @@ from kvindex.instrumented import InstrumentedStore
 from kvindex.keyer import BlockKeyer, KeyerCaches
 from kvindex.lru import BoundedLRU
 from kvindex.memory_store import MemoryStore
-from kvindex.metrics import EventMetrics, forget_label_value
+from kvindex.metrics import EventMetrics, forget_label_value, label_values
 from kvindex.store import IndexStore
 from kvindex.tokenization.front import Tokenization
 from kvindex.types import Bound

@@ -18,23 +18,42 @@ _MEDIA = {"GPU": "GPU", "CPU": "CPU", "STORAGE": "STORAGE", "DISK": "STORAGE"}
 LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
+def _label_tuples(metric: object, label: str) -> tuple[int, list[tuple[str, ...]]] | None:
+    """Where ``label`` is in ``metric``'s label tuples, and those tuples; None when it has
+    no such label. prometheus_client has no public listing of a metric's children, so
+    this reads the tuples it keeps."""
+    names = getattr(metric, "_labelnames", ())
+    children = getattr(metric, "_metrics", None)
+    if label not in names or children is None:
+        return None
+    return names.index(label), list(children)
+
+
 def forget_label_value(metrics: Iterable[object], label: str, value: str) -> int:
     """Remove every series whose ``label`` is ``value`` (a pod that left the fleet: with
-    pods renamed on every rollout, keeping their series would grow without bound).
-
-    prometheus_client has no public listing of a metric's children, so this reads the
-    label tuples it keeps; returns the number of series removed."""
+    pods renamed on every rollout, keeping their series would grow without bound);
+    returns the number of series removed."""
     removed = 0
     for metric in metrics:
-        names = getattr(metric, "_labelnames", ())
-        children = getattr(metric, "_metrics", None)
-        if label not in names or children is None:
+        found = _label_tuples(metric, label)
+        if found is None:
             continue
-        at = names.index(label)
-        for labels in [k for k in list(children) if k[at] == value]:
+        at, tuples = found
+        for labels in [k for k in tuples if k[at] == value]:
             metric.remove(*labels)  # type: ignore[attr-defined]
             removed += 1
     return removed
+
+
+def label_values(metrics: Iterable[object], label: str) -> set[str]:
+    """The values ``label`` has in these metrics' series."""
+    values: set[str] = set()
+    for metric in metrics:
+        found = _label_tuples(metric, label)
+        if found is not None:
+            at, tuples = found
+            values.update(k[at] for k in tuples)
+    return values
 
 
 def normalize_medium(medium: object) -> str:
