@@ -347,8 +347,8 @@ class SiblingMetrics:
         self.dropped = Counter(
             "kvgate_worker_dropped",
             "What siblings sent that a worker did not apply: events (a KV-event batch posted "
-            "to a sibling, while 256 others waited or for a pod unknown here) and "
-            "speculations (pushed out before a lookup there used them).",
+            f"to a sibling, while {MAX_QUEUED_BODIES} others waited or for a pod unknown "
+            "here) and speculations (pushed out before a lookup there used them).",
             ["what"],
             registry=prometheus,
         )
@@ -357,27 +357,23 @@ class SiblingMetrics:
             self.messages.labels(outcome)
         for what in ("events", "speculations"):
             self.dropped.labels(what)
-        self._reported: dict[str, int] = {}
+        self._reported: dict[object, int] = {}  # a series: the count it was given so far
 
     def report(self, siblings: Siblings) -> None:
         """Add what was counted since the last report."""
         ep = siblings.endpoint
-        counts = {
-            "published": ep.published, "received": ep.received, "refused": ep.refused,
-            "unreadable": ep.bad, "overruns": ep.overruns,
-            "events": siblings.bodies_dropped, "speculations": siblings.speculations_dropped,
-        }  # fmt: skip
-        for name, count in counts.items():
-            new = count - self._reported.get(name, 0)
-            if new <= 0:
-                continue
-            self._reported[name] = count
-            if name == "overruns":
-                self.overruns.inc(new)
-            elif name in ("events", "speculations"):
-                self.dropped.labels(name).inc(new)
-            else:
-                self.messages.labels(name).inc(new)
+        messages, dropped = self.messages.labels, self.dropped.labels
+        for series, count in (
+            (messages("published"), ep.published), (messages("received"), ep.received),
+            (messages("refused"), ep.refused), (messages("unreadable"), ep.bad),
+            (self.overruns, ep.overruns),
+            (dropped("events"), siblings.bodies_dropped),
+            (dropped("speculations"), siblings.speculations_dropped),
+        ):  # fmt: skip
+            new = count - self._reported.get(series, 0)
+            if new > 0:
+                self._reported[series] = count
+                series.inc(new)
 
 
 class EventsWrittenElsewhere:

@@ -191,8 +191,10 @@ async def running_gateway(
 
             exposition = CollectorRegistry()
             files = multiprocess.MultiProcessCollector(None, path=worker.metrics_dir)
-            names = lambda: (p.name for p in registry.all())  # noqa: E731
-            exposition.register(FleetSeries(files, names, registry.known_models))
+            pods = registry.all
+            exposition.register(
+                FleetSeries(files, lambda: (p.name for p in pods()), registry.known_models)
+            )
         gw = Gateway(settings, registry, router, proxy, metrics, prometheus, client, kv, scale,
                      exposition, upstream, in_flight, admission, tracing,
                      admission_control=admission)  # fmt: skip
