@@ -161,12 +161,6 @@ class BlockKeyer:
             self._roots.put(key, root)
         return root
 
-    def bound(self) -> Bound:
-        return self.caches.bounds()["keyer_roots"]
-
-    def heads_bound(self) -> Bound:
-        return self.caches.bounds()["keyer_heads"]
-
     def keys(self, token_ids: Sequence[int]) -> list[int]:
         """Keys of every full block of ``token_ids`` under the default root."""
         return self.chain(self.root, token_ids)

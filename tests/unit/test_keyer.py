@@ -104,10 +104,12 @@ def test_long_client_salts_keep_no_more_than_the_roots_bound_reports():
         retained = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    bound = keyer.bound()
+    bound = keyer.caches.bounds()["keyer_roots"]
     assert retained <= bound.size * bound.bytes_each + 4096  # 2 MB of salts before the fix
     assert keyer.keys_for(TOKENS, "ad", "short") == reference_keys("m", 16, TOKENS, "ad", "short")
-    assert keyer.bound().size == bound.size + 1  # short ones are still remembered
+    assert (
+        keyer.caches.bounds()["keyer_roots"].size == bound.size + 1
+    )  # short ones are still remembered
 
 
 def test_chain_continues_from_a_parent_key():
@@ -162,7 +164,7 @@ def test_keys_through_remembered_heads_are_the_keys(capacity):
         lora, salt = rng.choice([(None, None), ("ad", None), (None, "s")])
         got = keyer.keys_for(array("I", tokens), lora, salt)
         assert got == reference_keys("m", 16, tokens, lora, salt)
-    assert keyer.heads_bound().size <= capacity
+    assert keyer.caches.bounds()["keyer_heads"].size <= capacity
 
 
 def test_a_repeated_head_is_not_keyed_again(monkeypatch):
@@ -203,10 +205,16 @@ def test_keyers_sharing_caches_keep_their_models_and_block_sizes_apart():
             assert keyer.keys_for(tokens, "ad", "s") == reference_keys(
                 keyer.model, keyer.block_size, tokens, "ad", "s"
             )
-    assert keyers[0].heads_bound() == keyers[2].heads_bound() == caches.bounds()["keyer_heads"]
+    assert (
+        keyers[0].caches.bounds()["keyer_heads"]
+        == keyers[2].caches.bounds()["keyer_heads"]
+        == caches.bounds()["keyer_heads"]
+    )
 
 
 def test_a_keyer_of_its_own_is_bounded_by_its_head_keys():
     keyer = BlockKeyer("m", 16, head_keys=40)
-    assert keyer.heads_bound().capacity == 40
-    assert BlockKeyer("m", 16).heads_bound().size == 0  # nothing shared between them
+    assert keyer.caches.bounds()["keyer_heads"].capacity == 40
+    assert (
+        BlockKeyer("m", 16).caches.bounds()["keyer_heads"].size == 0
+    )  # nothing shared between them
