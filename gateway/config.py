@@ -106,6 +106,13 @@ def _checked_endpoint(endpoint: str | None) -> str | None:
     return endpoint
 
 
+def _tcp_port(endpoint: str | None) -> int | None:
+    """The port of a ``tcp://HOST:PORT`` endpoint (``_checked_endpoint``); None otherwise."""
+    if endpoint is None or not endpoint.startswith("tcp://"):
+        return None
+    return int(endpoint.rsplit(":", 1)[1])
+
+
 class PodConfig(Section):
     """One upstream inference pod (a vLLM server or a simulated one)."""
 
@@ -139,8 +146,8 @@ class PodConfig(Section):
     @model_validator(mode="after")
     def _ranks_have_ports(self) -> PodConfig:
         for endpoint in (self.kv_events, self.kv_replay):
-            port = endpoint.rsplit(":", 1)[-1] if endpoint and endpoint.startswith("tcp://") else ""
-            if port.isdigit() and int(port) + self.dp_ranks - 1 > 65535:
+            port = _tcp_port(endpoint)
+            if port is not None and port + self.dp_ranks - 1 > 65535:
                 raise ValueError(f"{endpoint} with {self.dp_ranks} ranks passes port 65535")
         return self
 
@@ -508,21 +515,13 @@ class Settings(BaseSettings):
             raise ValueError("must be one of critical, error, warning, info, debug")
         return v
 
-    @field_validator("strategy")
+    @field_validator("strategy", "model_strategies")
     @classmethod
-    def _known_strategy(cls, v: str) -> str:
+    def _known_strategies(cls, v: str | dict[str, str]) -> str | dict[str, str]:
         from routing.strategy_registry import canonical_name
 
-        canonical_name(v)  # ValueError: unknown strategy, and the known ones
-        return v
-
-    @field_validator("model_strategies")
-    @classmethod
-    def _known_model_strategies(cls, v: dict[str, str]) -> dict[str, str]:
-        from routing.strategy_registry import canonical_name
-
-        for name in v.values():
-            canonical_name(name)
+        for name in [v] if isinstance(v, str) else v.values():
+            canonical_name(name)  # ValueError: unknown strategy, and the known ones
         return v
 
     @field_validator("strategy_options")
@@ -607,11 +606,9 @@ class SettingsSource:
 def _check_config_file(path: Path) -> None:
     """``path`` holds a mapping of settings: empty, or YAML of another shape (a list, a
     bare word), would be read as no settings or fail deep in the settings sources."""
-    text = path.read_text(encoding="utf-8")
-    if not text.strip():
-        raise ValueError(f"config file {path} is empty")
-    data = yaml.safe_load(text)  # a YAML error says where; describe_error reports it
-    if data is None:  # comments only
+    # A YAML error says where; describe_error reports it.
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if data is None:  # blank, or comments only
         raise ValueError(f"config file {path} is empty")
     if not isinstance(data, dict):
         raise ValueError(
