@@ -12,6 +12,7 @@ import contextvars
 import ipaddress
 import json
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,8 @@ from pydantic_settings import (
     SettingsConfigDict,
     YamlConfigSettingsSource,
 )
+
+from gateway.environment import PREFIX, check_environment, is_service_link
 
 _yaml_path: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
     "kvgate_yaml", default=None
@@ -560,11 +563,34 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        sources: list[PydanticBaseSettingsSource] = [
+            init_settings,
+            _WithoutServiceLinks(settings_cls, env_settings),
+        ]
         path = _yaml_path.get()
         if path is not None:
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
         return tuple(sources)
+
+
+class _WithoutServiceLinks(PydanticBaseSettingsSource):
+    """The ``KVGATE_*`` environment less the Kubernetes service links that share a
+    setting's name: the kubelet sets ``KVGATE_PORT=tcp://10.96.0.12:80`` for a Service
+    named ``kvgate``, which is not the ``port`` setting (``gateway.environment``)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], env: PydanticBaseSettingsSource) -> None:
+        super().__init__(settings_cls)
+        self._env = env
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ reads the wrapped source
+
+    def __call__(self) -> dict[str, Any]:
+        return {
+            name: value
+            for name, value in self._env().items()
+            if not (isinstance(value, str) and is_service_link(f"{PREFIX}{name}", value))
+        }
 
 
 def _is_loopback(host: str) -> bool:
@@ -596,7 +622,9 @@ class SettingsSource:
 
     def load(self) -> Settings:
         """The settings as they are now; a missing or empty ``--config`` file is an
-        error (read as no settings at all, it would drop every configured pod)."""
+        error (read as no settings at all, it would drop every configured pod), and so
+        is a ``KVGATE_*`` variable that is no setting (``gateway.environment``)."""
+        check_environment(os.environ, Settings)
         path = self.config_file
         if path is not None:
             _check_config_file(path)

@@ -126,6 +126,53 @@ def test_a_bad_environment_variable_stops_start_up_naming_the_setting(
 
 
 @pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("KVGATE_STRATGY", "KVGATE_STRATGY is not a setting (did you mean KVGATE_STRATEGY?)"),
+        ("KVGATE_ADMIN_PORT", "ADMIN_PORT is not a setting (did you mean KVGATE_ADMIN__PORT?)"),
+        ("KVGATE_TIMEOUT__FIRST_BYTE_S", "(did you mean KVGATE_TIMEOUTS__FIRST_BYTE_S?)"),
+        ("kvgate_workerz", "kvgate_workerz is not a setting (did you mean KVGATE_WORKERS?)"),
+        ("KVGATE_FOO", "KVGATE_FOO is not a setting"),
+    ],
+)  # fmt: skip
+def test_a_kvgate_variable_that_is_no_setting_stops_start_up_naming_what_it_meant(
+    monkeypatch, capsys, name, message
+):
+    """Read as nothing, KVGATE_STRATGY=kv-aware would serve round-robin in silence."""
+    monkeypatch.setenv(name, "8001")
+    code, err = serve(capsys, "--pod", "a=http://127.0.0.1:9")
+    assert code == 2 and err.startswith("kvgate serve: invalid settings: ") and message in err, err
+    assert "8001" not in err  # values are never echoed (a variable may hold a key)
+
+
+def test_service_links_and_the_tools_variables_are_not_taken_for_settings(monkeypatch, capsys):
+    """What a Service named kvgate (and kvgate-redis) sets in a pod, and what kvgate's
+    other commands read, start the gateway with the settings it was given."""
+    monkeypatch.setattr(gateway.server, "serve", lambda settings, source: served.append(settings))
+    served: list[Settings] = []
+    for name, value in {
+        "KVGATE_PORT": "tcp://10.96.0.12:80",
+        "KVGATE_PORT_80_TCP": "tcp://10.96.0.12:80",
+        "KVGATE_PORT_80_TCP_PROTO": "tcp",
+        "KVGATE_PORT_80_TCP_PORT": "80",
+        "KVGATE_PORT_80_TCP_ADDR": "10.96.0.12",
+        "KVGATE_SERVICE_HOST": "10.96.0.12",
+        "KVGATE_SERVICE_PORT": "80",
+        "KVGATE_SERVICE_PORT_HTTP": "80",
+        "KVGATE_REDIS_PORT": "tcp://10.96.0.13:6379",
+        "KVGATE_REDIS_SERVICE_HOST": "10.96.0.13",
+        "KVGATE_PEERS_HOME": "/tmp/peers",
+        "KVGATE_ADMIN_URL": "http://127.0.0.1:8001",
+    }.items():
+        monkeypatch.setenv(name, value)
+    assert serve(capsys, "--pod", "a=http://127.0.0.1:9") == (0, "")
+    assert served[0].port == 8000
+    monkeypatch.setenv("KVGATE_PORT", "tcp//10.96.0.12:80")  # not a link: read, and refused
+    code, err = serve(capsys, "--pod", "a=http://127.0.0.1:9")
+    assert code == 2 and "port: Input should be a valid integer" in err, err
+
+
+@pytest.mark.parametrize(
     ("flag", "message"),
     [
         ("a=http://h:1,dp_ranks=abc", "--pod a=http://h:1: dp_ranks: Input should be a valid"),

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.config import load_settings
+from gateway.config import SettingsSource, load_settings
 
 DEPLOY = Path(__file__).parents[2] / "deploy"
 OVERLAYS = sorted(p.name for p in (DEPLOY / "overlays").iterdir() if p.is_dir())
@@ -261,6 +261,54 @@ def test_kvgate_config_map_and_env_load_as_gateway_settings(tmp_path, monkeypatc
     assert settings.discovery.label_selector == "kvgate.io/pool=default"
     assert settings.strategy == "kv-aware"
     assert settings.models["qwen2-7b"].block_size == 16
+
+
+def service_links(services: list[dict[str, Any]]) -> dict[str, str]:
+    """The variables the kubelet gives every container for these Services (its Docker
+    links, kubelet/envvars: the Service's name upper-cased, "-" as "_")."""
+    env: dict[str, str] = {}
+    for number, service in enumerate(services):
+        name = service["metadata"]["name"].upper().replace("-", "_")
+        ip = f"10.96.0.{number + 10}"
+        ports = service["spec"]["ports"]
+        env[f"{name}_SERVICE_HOST"] = ip
+        env[f"{name}_SERVICE_PORT"] = str(ports[0]["port"])
+        for port in ports:
+            proto = port.get("protocol", "TCP")
+            if "name" in port:  # SERVICE_PORT_<port name>
+                env[f"{name}_SERVICE_PORT_{port['name'].upper().replace('-', '_')}"] = str(
+                    port["port"]
+                )
+            link = f"{name}_PORT_{port['port']}_{proto}"
+            env[link] = f"{proto.lower()}://{ip}:{port['port']}"
+            env[f"{link}_PROTO"] = proto.lower()
+            env[f"{link}_PORT"] = str(port["port"])
+            env[f"{link}_ADDR"] = ip
+        env[f"{name}_PORT"] = env[
+            f"{name}_PORT_{ports[0]['port']}_{ports[0].get('protocol', 'TCP')}"
+        ]
+    return env
+
+
+def test_the_gateway_starts_beside_the_service_links_of_every_service_shipped(
+    tmp_path, monkeypatch
+):
+    """A Service named kvgate makes the kubelet set KVGATE_PORT=tcp://<ip>:80 in every pod
+    of its namespace, where it is also the name of the port setting: read as the setting
+    it stopped the gateway at start. Our Deployment also turns the links off."""
+    services = {d["metadata"]["name"]: d for _, d in all_objects() if d["kind"] == "Service"}
+    links = service_links(list(services.values()))
+    assert links["KVGATE_PORT"].startswith("tcp://") and links["KVGATE_PORT"].endswith(":80")
+    assert "KVGATE_REDIS_PORT_6379_TCP_ADDR" in links
+    for name, value in links.items():
+        monkeypatch.setenv(name, value)
+    path = tmp_path / "config.yaml"
+    path.write_text(find("ConfigMap", "kvgate-config")["data"]["config.yaml"])
+    assert SettingsSource(path).load().port == 8000  # the file's, not the link's
+    monkeypatch.setenv("KVGATE_PORT", "9000")  # a setting given as such still wins
+    assert SettingsSource(path).load().port == 9000
+    gw = find("Deployment", "kvgate")
+    assert gw["spec"]["template"]["spec"]["enableServiceLinks"] is False
 
 
 def test_kvgate_rbac_grants_only_reading_pods():
