@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import yaml
 
+    from gateway.logs import set_log_level
     from gateway.reload import describe_error
 
     # SIGHUP reloads the settings once the gateway runs; until then it must not stop it.
@@ -79,9 +80,8 @@ def run(args: argparse.Namespace) -> int:
         reason = str(exc) if isinstance(exc, FlagError) else describe_error(exc)
         print(f"kvgate serve: invalid settings: {reason}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    set_log_level(settings.log_level)
     return _serve(settings, source)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -25,6 +24,7 @@ from gateway.config import PodConfig, Settings, SettingsSource
 from gateway.discovery import DiscoveryMetrics, PodDiscovery, RegistrySink
 from gateway.in_flight import InFlightBounds
 from gateway.kv import KvIndex
+from gateway.logs import set_log_level
 from gateway.loop_lag import LoopLagMonitor
 from gateway.metrics import FleetSeries, GatewayMetrics
 from gateway.pods import PodRegistry, same_endpoints
@@ -86,7 +86,7 @@ class Gateway:
         self.proxy = Proxy(new, self.upstream, self.registry, self.router, self.metrics,
                            self.in_flight, self.admission, self.tracing)  # fmt: skip
         if new.log_level != old.log_level:
-            logging.getLogger().setLevel(new.log_level.upper())
+            set_log_level(new.log_level)
         await self._apply_pods(old.pods, new.pods)
         await self.kv.refollow([p for name in refollow if (p := self.registry.get(name))])
 

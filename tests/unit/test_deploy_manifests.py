@@ -263,6 +263,20 @@ def test_kvgate_config_map_and_env_load_as_gateway_settings(tmp_path, monkeypatc
     assert settings.models["qwen2-7b"].block_size == 16
 
 
+def test_a_kvgate_pod_keeps_serving_until_its_endpoints_are_gone_then_drains():
+    """A rollout or scale-down must not refuse requests: a preStop sleep keeps the
+    listener open while the endpoints change (SIGTERM closes it at once:
+    tests/integration/test_gateway_lifecycle.py), then streams in flight may finish."""
+    vllm_with_sidecar = load_docs(DEPLOY / "overlays/sidecar/vllm-with-kvgate.yaml")[0]
+    for deployment in (find("Deployment", "kvgate"), vllm_with_sidecar):
+        pre_stop = container(deployment, "kvgate")["lifecycle"]["preStop"]["exec"]["command"]
+        assert pre_stop[0] == "sleep" and 3 <= int(pre_stop[1]) <= 15
+    gw = find("Deployment", "kvgate")["spec"]["template"]["spec"]
+    vllm = load_docs(DEPLOY / "vllm/native/deployment.yaml")[0]["spec"]["template"]["spec"]
+    assert gw["terminationGracePeriodSeconds"] >= 120
+    assert vllm["terminationGracePeriodSeconds"] >= 120  # the sidecar's pod
+
+
 def service_links(services: list[dict[str, Any]]) -> dict[str, str]:
     """The variables the kubelet gives every container for these Services (its Docker
     links, kubelet/envvars: the Service's name upper-cased, "-" as "_")."""
