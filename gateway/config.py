@@ -193,7 +193,9 @@ Seconds = Annotated[float, Field(gt=0)]
 
 class Timeouts(Section):
     connect_s: Seconds = 2.0
-    first_byte_s: Seconds = 120.0  # arrival to the pod's first body byte: queueing, prefill
+    # Arrival to a stream's first body byte: queueing, prefill. A non-streamed answer
+    # arrives whole when generated, so only total_s bounds it.
+    first_byte_s: Seconds = 120.0
     total_s: Seconds = 900.0  # arrival to the last byte
     # Most time a stream may go without a byte from its pod once it started (None: no
     # limit but total_s): a pod that hangs mid-stream ends it and counts as failed.

@@ -7,9 +7,12 @@ Rules (the request lifecycle):
   byte reached the client, a failure becomes one SSE error event and the stream
   closes (with ``stream_headers_early``, a stream's headers reach the client as soon
   as the pod's do, and from then on a failure is an SSE error event, not a retry);
-- deadlines run from arrival: the pod's first body byte within ``first_byte_s``,
+- deadlines run from arrival: a stream's first body byte within ``first_byte_s``,
   the whole answer within ``total_s``; a pod that misses one answers 504 and, like a
-  connect error, counts toward its ejection (a pod that hangs is taken out);
+  connect error, counts toward its ejection (a pod that hangs is taken out). A
+  non-streamed answer has only ``total_s``: vLLM sends it whole once generated, so
+  its first byte is its last, and ``first_byte_s`` would cut every generation longer
+  than it (and eject healthy pods for it);
 - the client's bytes go upstream untouched (unless tenant isolation sets the salt)
   and the pod's bytes come back chunk by chunk; a client that disconnects, before or
   during the answer, cancels the upstream request.
@@ -312,7 +315,10 @@ class Proxy:
         watch: DisconnectWatch,
     ) -> None:
         loop = asyncio.get_running_loop()
-        first_byte_by = self._deadline(loop, a, self._s.timeouts.first_byte_s)
+        timeouts = self._s.timeouts
+        # A non-streamed answer's head comes with its last byte (module docstring).
+        first_byte_s = timeouts.first_byte_s if parsed.stream else timeouts.total_s
+        first_byte_by = self._deadline(loop, a, first_byte_s)
         upstream = await self._open(scope, parsed, a, headers, request_id, first_byte_by)
         if upstream.status == 404:  # e.g. an adapter unloaded since the last probe
             self._registry.models_stale(a.pod)

@@ -25,6 +25,7 @@ ENV = {
     "KVGATE_MAX_BODY_BYTES": "4096",
     "KVGATE_MAX_BODY_BYTES_IN_FLIGHT": "6000",
     "KVGATE_TIMEOUTS__FIRST_BYTE_S": str(FIRST_BYTE_S),
+    "KVGATE_TIMEOUTS__TOTAL_S": str(FIRST_BYTE_S),  # the deadline of a non-streamed answer
     "KVGATE_HEALTH__EJECT_AFTER_FAILED_REQUESTS": "1000",  # the hung pod stays in rotation
 }
 

@@ -8,6 +8,7 @@ import threading
 import time
 
 import httpx
+import openai
 
 from bench.gateway_proc import run_gateway
 from bench.polling import metric_value, wait_for
@@ -31,6 +32,7 @@ def _arm(pod_url: str, mode: str, count: int) -> None:
 def test_a_pod_that_hangs_on_generation_is_ejected_after_m_timeouts():
     env = {
         "KVGATE_TIMEOUTS__FIRST_BYTE_S": "0.5",
+        "KVGATE_TIMEOUTS__TOTAL_S": "0.5",  # what bounds a non-streamed answer
         "KVGATE_HEALTH__EJECT_AFTER_FAILED_REQUESTS": "2",
         "KVGATE_HEALTH__READMIT_AFTER_SUCCESSES": "1000",
     }
@@ -46,13 +48,38 @@ def test_a_pod_that_hangs_on_generation_is_ejected_after_m_timeouts():
             statuses.append((r.status_code, r.headers.get("x-kvgate-pod")))
             if r.status_code == 504:
                 assert_openai_error(r, 504)
-                assert time.monotonic() - started < 3  # the first-byte deadline, not 120 s
+                assert time.monotonic() - started < 3  # the deadline, not 900 s
         timeouts = [s for s in statuses if s[0] == 504]
         assert len(timeouts) == 2  # then the pod is out of rotation
         assert statuses[-4:] == [(200, ok.name)] * 4
         metrics = httpx.get(f"{gw}/metrics").text
         assert f'kvgate_pod_healthy{{pod="{hung.name}"}} 0.0' in metrics
         assert metric_value(metrics, "kvgate_pod_ejections_total") == 1
+
+
+def test_a_non_streamed_generation_longer_than_the_first_byte_deadline_is_answered():
+    """vLLM sends a non-streamed answer whole once generated: cut at first_byte_s, every
+    generation longer than it was a 504 (the client's SDK retried it twice) and counted
+    against a healthy pod until it was ejected."""
+    env = {
+        "KVGATE_TIMEOUTS__FIRST_BYTE_S": "0.3",
+        "KVGATE_HEALTH__EJECT_AFTER_FAILED_REQUESTS": "1",
+    }
+    tokens = 20
+    with (
+        sim_fleet(1, itl_s=0.05, default_max_tokens=2) as (pod,),
+        run_gateway([(pod.name, pod.url)], "round-robin", env=env) as gw,
+    ):
+        client = openai.OpenAI(base_url=f"{gw}/v1", api_key="none", max_retries=0)
+        started = time.monotonic()
+        answer = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "tell me"}], max_tokens=tokens
+        )
+        assert time.monotonic() - started > 0.3 * 2  # well past first_byte_s
+        assert answer.usage is not None and answer.usage.completion_tokens == tokens
+        metrics = httpx.get(f"{gw}/metrics").text
+        assert f'kvgate_pod_healthy{{pod="{pod.name}"}} 1.0' in metrics
+        assert metric_value(metrics, "kvgate_pod_ejections_total") == 0
 
 
 def test_a_streamed_request_to_a_hung_pod_gets_504_within_the_first_byte_deadline():

@@ -139,10 +139,9 @@ def test_drop_after_first_byte_becomes_an_sse_error_event(gateway, fleet):
         arm(pod, "none")
 
 
-def test_first_byte_timeout_is_504(fleet):
-    with run_gateway(
-        [(p.name, p.url) for p in fleet], env={"KVGATE_TIMEOUTS__FIRST_BYTE_S": "0.5"}
-    ) as url:
+def test_a_pod_past_the_deadline_is_504(fleet):
+    deadlines = {"KVGATE_TIMEOUTS__FIRST_BYTE_S": "0.5", "KVGATE_TIMEOUTS__TOTAL_S": "0.5"}
+    with run_gateway([(p.name, p.url) for p in fleet], env=deadlines) as url:
         for pod in fleet:
             arm(pod, "hang", count=1)
         r = httpx.post(
