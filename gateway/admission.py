@@ -54,6 +54,7 @@ class AdmissionMetrics:
                 "Requests waiting at the gateway for a pod, by model and priority.",
                 ["model", "priority"],
                 registry=registry,
+                multiprocess_mode="livesum",  # --workers: what waits on the whole host
             )
         )
         self.wait = CachedLabels(

@@ -187,6 +187,23 @@ def test_a_pod_a_reload_removes_leaves_no_series_in_two_workers_metrics(
         assert f'pod="{fleet[0].name}"' in httpx.get(f"{gw}/metrics").text
 
 
+def test_two_workers_metrics_are_one_series_per_label_set_never_one_per_worker(
+    fleet, system_prompt
+):
+    """A gauge without a multiprocess mode is exported once per worker, with a ``pid``
+    label (the admission queue's was): every kvgate series combines the workers."""
+    env = _env(KVGATE_ADMISSION__ENABLED="true")
+    with run_gateway([(p.name, _spec(p)) for p in fleet], strategy="kv-aware", env=env,
+                     workers=2) as gw:  # fmt: skip
+        served = {_chat(gw, system_prompt, f"q{i}").headers["x-kvgate-worker"] for i in range(16)}
+        metrics = httpx.get(f"{gw}/metrics").text
+    assert served == {"0", "1"}
+    assert "kvgate_admission_queue_length{" in metrics
+    per_worker = [line for line in metrics.splitlines()
+                  if line.startswith("kvgate_") and 'pid="' in line]  # fmt: skip
+    assert per_worker == []
+
+
 def _children(pid: int) -> set[int]:
     text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
     return {int(c) for c in text.split()}
