@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.config import SettingsSource, load_settings
+from gateway.config import Settings, SettingsSource, load_settings
+from kvindex.memory_store import KEY_BYTES
 
 DEPLOY = Path(__file__).parents[2] / "deploy"
 OVERLAYS = sorted(p.name for p in (DEPLOY / "overlays").iterdir() if p.is_dir())
@@ -275,6 +276,41 @@ def test_a_kvgate_pod_keeps_serving_until_its_endpoints_are_gone_then_drains():
     vllm = load_docs(DEPLOY / "vllm/native/deployment.yaml")[0]["spec"]["template"]["spec"]
     assert gw["terminationGracePeriodSeconds"] >= 120
     assert vllm["terminationGracePeriodSeconds"] >= 120  # the sidecar's pod
+
+
+# What a worker holds beside its index: the interpreter and libraries (~70 MB at
+# start), the tokenizer and keyer caches and the other bounded structures of
+# docs/deploy.md's worst-case table, rounded up.
+WORKER_BASE_BYTES = 200 * 2**20
+
+
+def _bytes(quantity: str) -> int:
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+    return int(quantity[:-2]) * units[quantity[-2:]] if quantity[-2:] in units else int(quantity)
+
+
+def test_every_kvgate_container_fits_its_workers_full_indexes_in_its_memory_limit(tmp_path):
+    """Each worker keeps a whole index (with Redis, the fallback view), up to
+    index.capacity_keys x KEY_BYTES: workers x (that + a worker's base) must fit the
+    limit, or a busy fleet fills the indexes until the container is OOM-killed."""
+    cm = find("ConfigMap", "kvgate-config")["data"]["config.yaml"]
+    vllm_with_sidecar = load_docs(DEPLOY / "overlays/sidecar/vllm-with-kvgate.yaml")[0]
+    for deployment in (find("Deployment", "kvgate"), vllm_with_sidecar):
+        kvgate = container(deployment, "kvgate")
+        env = {e["name"]: e["value"] for e in kvgate.get("env", []) if "value" in e}
+        settings = Settings(**{**yaml.safe_load(cm), **_env_overrides(env)})
+        index = settings.index.capacity_keys * KEY_BYTES
+        needed = settings.workers * (index + WORKER_BASE_BYTES)
+        limit = _bytes(kvgate["resources"]["limits"]["memory"])
+        name = deployment["metadata"]["name"]
+        assert needed <= limit, f"{name}: {settings.workers} workers need {needed >> 20} MiB"
+        cpu = kvgate["resources"]["requests"]["cpu"]
+        cores = int(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
+        assert settings.workers <= max(1, round(cores)), f"{name}: more workers than CPUs"
+
+
+def _env_overrides(env: dict[str, str]) -> dict[str, Any]:
+    return {"workers": int(env["KVGATE_WORKERS"])} if "KVGATE_WORKERS" in env else {}
 
 
 def service_links(services: list[dict[str, Any]]) -> dict[str, str]:
