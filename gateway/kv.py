@@ -272,7 +272,19 @@ class KvIndex:
         log.info("following KV events of %s at %s", pod.name, cfg.kv_events)
 
     async def pod_ejected(self, pod: Pod) -> None:
-        """An ejected pod's cache is unknown (it may have restarted): forget it."""
+        """An ejected pod's cache is unknown (it may have restarted): forget it, and
+        stop following its events, so that ``pod_admitted`` follows them anew when it is
+        readmitted (with the pod's replay endpoint, its history is replayed from the
+        start, as at a warm start).
+
+        Why not keep the subscriber: most ejections are blips (probes that timed out
+        under load, a few failed requests) of a pod that kept its cache, and a
+        subscriber kept across the drop only sees the blocks stored after it: what the
+        pod held before was gone from the index for good (routing predicted 0 cached
+        tokens for its prefixes, and sent them elsewhere)."""
+        sub = self._subscribers.pop(pod.name, None)
+        if sub is not None:
+            await sub.stop()
         await self.store.drop_pod(pod.name)
 
     async def pod_removed(self, name: str) -> None:
