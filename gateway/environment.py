@@ -48,36 +48,28 @@ TOOL_VARIABLES = frozenset(
     }
 )
 
-_PROTO = r"(?:TCP|UDP|SCTP)"
+_SERVICE = r"KVGATE(?:_[A-Z0-9_]+)?"  # a Service kvgate or kvgate-*, upper-cased, "-" as "_"
+_PORT = rf"{_SERVICE}_PORT_\d+_(?:TCP|UDP|SCTP)"
 _ADDRESS = re.compile(r"(?:tcp|udp|sctp)://\S+:\d+")
 _NUMBER = re.compile(r"\d+")
 _ANY = re.compile(r".*", re.S)
-# (name ending, the value such a link has): the kubelet's makeLinkVariables and the
-# SERVICE_HOST/SERVICE_PORT pair, after the Service's name (upper case, "-" -> "_").
+# (name, the value such a link has): the kubelet's SERVICE_HOST/SERVICE_PORT pair and
+# its Docker-link variables (makeLinkVariables).
 _LINKS: tuple[tuple[re.Pattern[str], re.Pattern[str]], ...] = (
-    (re.compile(r"_SERVICE_HOST"), _ANY),
-    (re.compile(r"_SERVICE_PORT(?:_[A-Z0-9_]+)?"), _NUMBER),
-    (re.compile(rf"_PORT(?:_\d+_{_PROTO})?"), _ADDRESS),
-    (re.compile(rf"_PORT_\d+_{_PROTO}_PROTO"), re.compile(r"tcp|udp|sctp")),
-    (re.compile(rf"_PORT_\d+_{_PROTO}_PORT"), _NUMBER),
-    (re.compile(rf"_PORT_\d+_{_PROTO}_ADDR"), _ANY),
+    (re.compile(rf"{_SERVICE}_SERVICE_HOST"), _ANY),
+    (re.compile(rf"{_SERVICE}_SERVICE_PORT(?:_[A-Z0-9_]+)?"), _NUMBER),
+    (re.compile(rf"{_SERVICE}_PORT|{_PORT}"), _ADDRESS),
+    (re.compile(rf"{_PORT}_PROTO"), re.compile(r"tcp|udp|sctp")),
+    (re.compile(rf"{_PORT}_PORT"), _NUMBER),
+    (re.compile(rf"{_PORT}_ADDR"), _ANY),
 )
-_SERVICE = re.compile(r"KVGATE(?:_[A-Z0-9_]*?)?")
 
 
 def is_service_link(name: str, value: str) -> bool:
     """Whether ``name=value`` is a Kubernetes service link of a Service named
     ``kvgate`` or ``kvgate-*`` rather than a setting."""
     name = name.upper()
-    for ending, shape in _LINKS:
-        for match in ending.finditer(name):
-            if (
-                match.end() == len(name)
-                and _SERVICE.fullmatch(name[: match.start()])
-                and shape.fullmatch(value)
-            ):
-                return True
-    return False
+    return any(link.fullmatch(name) and shape.fullmatch(value) for link, shape in _LINKS)
 
 
 def setting_names(settings_cls: type[BaseModel]) -> list[str]:
