@@ -250,9 +250,17 @@ class KvIndex:
     async def pod_admitted(self, pod: Pod) -> None:
         """Start following a pod's KV events once we know which model it serves."""
         cfg = pod.config
+        model = pod.engine_model
+        sub = self._subscribers.get(pod.name)
+        ingestor = sub.ingestor if sub is not None else self._http_ingestors.get(pod.name)
+        if ingestor is not None and model is not None and ingestor.keyer.model != model:
+            # The pod's engine now serves another model (restarted under a new served
+            # name without being ejected): its events were keyed under the old model,
+            # so forget them and follow its events anew under the new one.
+            await self.refollow([pod])  # calls back here with no subscriber
+            return
         if not cfg.kv_events or pod.name in self._subscribers:
             return
-        model = _base_model(pod)
         if model is None:
             log.warning("pod %s publishes KV events but serves no known model", pod.name)
             return
@@ -329,7 +337,7 @@ class KvIndex:
         # One engine-hash map per pod, whichever way its events arrive.
         ingestor = sub.ingestor if sub is not None else self._http_ingestors.get(pod.name)
         if ingestor is None:
-            model = _base_model(pod)
+            model = pod.engine_model
             if model is None:
                 raise ValueError(f"pod {pod.name} serves no known model yet")
             ingestor = self._http_ingestors[pod.name] = PodIngestor(
@@ -437,9 +445,3 @@ class IndexPeers(Protocol):
 
 class EventsNotShared(RuntimeError):
     """A posted event body the sibling workers could not be given (nothing applied)."""
-
-
-def _base_model(pod: Pod) -> str | None:
-    """The model the engine itself serves (LoRA adapters list a ``parent``)."""
-    bases = [m for m in sorted(pod.models) if not (pod.model_cards.get(m) or {}).get("parent")]
-    return bases[0] if bases else None

@@ -89,6 +89,14 @@ class Pod:
         parent = (self.model_cards.get(model) or {}).get("parent")
         return parent if isinstance(parent, str) and parent else None
 
+    @property
+    def engine_model(self) -> str | None:
+        """The model the engine itself serves, which its KV events are keyed by (LoRA
+        adapters list a ``parent``; the first base model by name if it lists several)."""
+        cards = self.model_cards
+        bases = [m for m in sorted(self.models) if not (cards.get(m) or {}).get("parent")]
+        return bases[0] if bases else None
+
 
 def same_endpoints(a: PodConfig, b: PodConfig) -> bool:
     """Whether two configs of a pod name one engine: its address and event endpoints."""
@@ -307,7 +315,7 @@ class PodRegistry:
                 return False
             status, body = await self._get(pod, "/v1/models")
             if status == 200:
-                self._learn_models(pod, _json.decode(body))
+                await self._learn_models_and_notify(pod, _json.decode(body))
             status, body = await self._get(pod, "/metrics")
             if status == 200:
                 load = parse_engine_load(body.decode("utf-8", "replace"))
@@ -350,6 +358,18 @@ class PodRegistry:
         pod.model_cards = cards
         self._set_models(pod, set(cards) | set(pod.config.models))
 
+    async def _learn_models_and_notify(self, pod: Pod, listing: Any) -> None:
+        """``_learn_models``, then, where the engine's base model changed under a pod in
+        rotation (restarted under another ``--served-model-name`` between two probes, so
+        never ejected), the admit listeners again: the KV index keyed its events by the
+        old model, so the new model's prefixes never matched (``KVIndex.pod_admitted``
+        follows them anew under the new one)."""
+        before = pod.engine_model
+        self._learn_models(pod, listing)
+        if pod.healthy and before is not None and pod.engine_model != before:
+            log.info("pod %s now serves %s (was %s)", pod.name, pod.engine_model, before)
+            await self._notify(self._on_admit, pod)
+
     def _set_models(self, pod: Pod, models: set[str]) -> None:
         lost, pod.models = pod.models - models, models
         self._models_lost(lost)
@@ -373,7 +393,7 @@ class PodRegistry:
         try:
             status, body = await self._get(pod, "/v1/models")
             if status == 200:
-                self._learn_models(pod, _json.decode(body))
+                await self._learn_models_and_notify(pod, _json.decode(body))
         except Exception as exc:  # the next probe tells whether the pod is still there
             log.debug("reading the models of %s failed: %r", pod.name, exc)
 
