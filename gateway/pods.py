@@ -242,7 +242,20 @@ class PodRegistry:
         return list(self._pods.values())
 
     def healthy_for(self, model: str) -> list[Pod]:
-        return [p for p in self._pods.values() if p.healthy and model in p.models]
+        """The healthy pods that serve ``model``. A name some pod serves as a base model
+        is that base model (``kv.lora_of``): a pod listing it as an adapter of another
+        model serves something else, and its events are keyed under its own base, so
+        sending it there gets another model and a prediction that never matches (was:
+        predicted 0, cached 304). One pass: this runs for every request."""
+        serving: list[tuple[Pod, bool]] = []  # (healthy pod, lists it as an adapter)
+        served_as_base = False
+        for p in self._pods.values():
+            if model in p.models:
+                adapter = p.parent_of(model) is not None
+                served_as_base = served_as_base or not adapter
+                if p.healthy:
+                    serving.append((p, adapter))
+        return [p for p, adapter in serving if not (adapter and served_as_base)]
 
     def known_models(self) -> set[str]:
         models: set[str] = set()
