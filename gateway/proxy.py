@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import re
@@ -111,11 +112,14 @@ class _QuietPod:
 class _PodFailure(Exception):
     """The pod failed this attempt before the client saw a byte of the answer."""
 
-    def __init__(self, error: GatewayError, cause: str, *, retry: bool = True) -> None:
+    def __init__(
+        self, error: GatewayError, cause: str, *, retry: bool = True, pod_fault: bool = True
+    ) -> None:
         super().__init__(error.message)
         self.error = error
         self.cause = cause
         self.retry = retry  # a timeout is not retried: the pod may still be working on it
+        self.pod_fault = pod_fault  # counts toward the pod's ejection
 
 
 def client_request_id(headers: dict[str, str]) -> str:
@@ -287,11 +291,14 @@ class Proxy:
                 return
             except _PodFailure as exc:
                 last_error = exc.error
-                await self._registry.request_failed(pod)
+                if exc.pod_fault:
+                    await self._registry.request_failed(pod)
                 if not exc.retry:
                     self._accounting.record(attempt, exc.error.status, None)
                     raise exc.error from None
                 self._metrics.retries.labels(model, exc.cause).inc()
+                if not exc.pod_fault:
+                    continue  # the pod is fine; another one serves the model
                 log.warning("pod %s failed before first byte (%s); retrying", pod.name, exc.cause)
                 await asyncio.sleep(backoff)
                 backoff *= 2
@@ -333,6 +340,8 @@ class Proxy:
             if parsed.stream and upstream.status == 200:
                 style = error_style(parsed.kind)
                 await self._stream(send, upstream, a, out, first_byte_by, watch, style)
+            elif upstream.status == 404 and self._served_elsewhere(a):
+                await self._not_found(send, upstream, a, out, watch)
             else:
                 await self._buffered(send, upstream, a, out, watch)
         finally:
@@ -411,17 +420,49 @@ class Proxy:
         out: list[tuple[bytes, bytes]],
         watch: DisconnectWatch,
     ) -> None:
+        await self._answer(send, upstream, a, out, watch, await self._read_body(upstream, a))
+
+    async def _not_found(
+        self,
+        send: Send,
+        upstream: UpstreamResponse,
+        a: Attempt,
+        out: list[tuple[bytes, bytes]],
+        watch: DisconnectWatch,
+    ) -> None:
+        """A pod's 404 while another pod lists the model. If it says the pod serves no
+        such model (an adapter unloaded here between two probes), another pod answers:
+        this pod's 404 would tell the client the model does not exist at all."""
+        body = await self._read_body(upstream, a)
+        if _model_unknown(body):
+            gone = f"pod '{a.pod.name}' no longer serves model '{a.model}'"
+            error = GatewayError(404, gone, code="model_not_found")
+            raise _PodFailure(error, "model_gone", pod_fault=False)
+        await self._answer(send, upstream, a, out, watch, body)
+
+    async def _read_body(self, upstream: UpstreamResponse, a: Attempt) -> bytes:
+        """A non-streamed answer, whole, by the total deadline."""
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout_at(self._deadline(loop, a, self._s.timeouts.total_s)):
                 with span("kvgate.first_byte"):  # and the whole body: the pod sends it at once
-                    body = await upstream.read()
+                    return await upstream.read()
         except TimeoutError:
             raise self._timed_out(a, "timed out") from None
         except UpstreamDropped as exc:
             raise _PodFailure(
                 GatewayError(502, f"pod '{a.pod.name}' failed: {exc}"), "dropped"
             ) from None
+
+    async def _answer(
+        self,
+        send: Send,
+        upstream: UpstreamResponse,
+        a: Attempt,
+        out: list[tuple[bytes, bytes]],
+        watch: DisconnectWatch,
+        body: bytes,
+    ) -> None:
         upstream.release()
         self._registry.request_succeeded(a.pod)
         self._accounting.record(a, upstream.status, usage_from_json(body))
@@ -561,9 +602,21 @@ class Proxy:
         """The event loop's time at which ``seconds`` after ``a``'s arrival will have passed."""
         return loop.time() + max(0.001, a.arrived + seconds - time.perf_counter())
 
+    def _served_elsewhere(self, a: Attempt) -> bool:
+        return any(p.name != a.pod.name for p in self._registry.healthy_for(a.model))
+
     @staticmethod
     def _timed_out(a: Attempt, what: str) -> _PodFailure:
         return _PodFailure(GatewayError(504, f"pod '{a.pod.name}' {what}"), "timeout", retry=False)
+
+
+def _model_unknown(body: bytes) -> bool:
+    """Whether a pod's 404 says it serves no such model (vLLM: ``param`` "model")."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(error, dict) and error.get("param") == "model"
 
 
 async def _error_excerpt(upstream: UpstreamResponse, by: float) -> str:

@@ -6,6 +6,7 @@ unloaded); what it keeps per pod is bounded."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -58,18 +59,45 @@ async def test_unknown_models_reread_the_pods_at_most_once_per_interval(pod_a):
         assert pod_a.model_reads == reads + 1
 
 
-async def test_a_pod_answering_404_is_reread_and_loses_the_adapter(pod_a, pod_b):
+# vLLM's answer for a model it does not serve (serving.py, _check_model)
+GONE = {"error": {"message": "The model `sql-lora` does not exist. Valid aliases: m.",
+                  "type": "NotFoundError", "param": "model", "code": 404}}  # fmt: skip
+
+
+async def test_an_adapter_unloaded_on_one_pod_is_answered_by_another_and_reread(pod_a, pod_b):
+    """Between two probes pod-a unloads the adapter pod-b still serves: pod-b answers the
+    request (pod-a's 404 would say the model does not exist at all), pod-a is not
+    counted as failing, and its models are re-read."""
     for pod in (pod_a, pod_b):
         pod.load_adapter("sql-lora")
     async with inproc_gateway(pod_a, pod_b, strategy="round-robin") as g:
         pod_a.unload_adapter("sql-lora")
-        pod_a.script(answer({"error": {"message": "The model `sql-lora` does not exist."}}, 404))
-        assert (await g.chat(ADAPTER)).status_code == 404  # pod-a's own answer, passed on
+        pod_a.script(answer(GONE, 404))
+        first = await g.chat(ADAPTER)
+        assert first.status_code == 200 and first.headers["x-kvgate-pod"] == "pod-b", first.text
+        assert [json.loads(r.body)["model"] for r in pod_a.received] == ["sql-lora"]  # asked
+        assert g.failures("pod-a") == 0
+        assert g.metric("kvgate_retries_total", model="sql-lora", cause="model_gone") == 1
         await wait_for_async(
             lambda: "sql-lora" not in g.gw.registry.get("pod-a").models, 2.0, "pod-a re-read"
         )
         after = [(await g.chat(ADAPTER)).headers["x-kvgate-pod"] for _ in range(3)]
     assert after == ["pod-b"] * 3
+
+
+async def test_a_404_that_names_no_model_or_from_the_only_pod_is_passed_on(pod_a, pod_b):
+    for pod in (pod_a, pod_b):
+        pod.load_adapter("sql-lora")
+    async with inproc_gateway(pod_a, pod_b, strategy="round-robin") as g:
+        pod_a.script(answer({"error": {"message": "Not Found"}}, 404))
+        r = await g.chat(ADAPTER)
+        assert r.status_code == 404 and r.headers["x-kvgate-pod"] == "pod-a"  # not about it
+    pod_a.load_adapter("sql-lora")
+    async with inproc_gateway(pod_a) as g:
+        pod_a.unload_adapter("sql-lora")
+        pod_a.script(answer(GONE, 404))
+        r = await g.chat(ADAPTER)
+        assert r.status_code == 404 and r.json() == GONE  # no other pod: the pod's own
 
 
 async def test_the_models_kept_per_pod_are_bounded(pod_a):
