@@ -8,6 +8,8 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
+
 from bench.gateway_proc import GatewayURL, run_gateway
 from bench.sim.launch import SimPod, sim_fleet
 from bench.tinymodel import MODEL_NAME, ensure_tokenizer
@@ -24,6 +26,14 @@ def model_env(tokenizer: str = "local", block_size: int = BLOCK, **extra: str) -
     else:
         model["tokenizer_mode"] = tokenizer
     return {"KVGATE_MODELS": json.dumps({MODEL_NAME: model}), **extra}
+
+
+def system_chat(gw: str, model: str, system: str) -> httpx.Response:
+    """A chat of one system prompt and a one-word question: what the drills send to
+    see a prompt's prefix cached and predicted."""
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "q"}]
+    body = {"model": model, "max_tokens": 2, "messages": messages}
+    return httpx.post(f"{gw}/v1/chat/completions", json=body, timeout=30)
 
 
 def pod_spec(pod: SimPod, replay: bool = False) -> tuple[str, str]:

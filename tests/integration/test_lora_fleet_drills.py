@@ -12,6 +12,7 @@ from bench.polling import wait_for
 from bench.prompts import text_of_tokens
 from bench.sim.launch import SimPod
 from bench.tinymodel import ensure_tokenizer
+from tests.sim_gateway import system_chat
 
 
 def _pod(name: str, model: str) -> SimPod:
@@ -20,12 +21,7 @@ def _pod(name: str, model: str) -> SimPod:
 
 
 def _chat(gw: str, model: str, system: str) -> tuple[int, str | None, str | None, int | None]:
-    r = httpx.post(
-        f"{gw}/v1/chat/completions",
-        json={"model": model, "max_tokens": 2, "messages": [
-            {"role": "system", "content": system}, {"role": "user", "content": "q"}]},
-        timeout=30,
-    )  # fmt: skip
+    r = system_chat(gw, model, system)
     if r.status_code != 200:
         return r.status_code, None, None, None
     cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]

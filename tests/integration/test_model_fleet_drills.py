@@ -12,15 +12,11 @@ from bench.polling import wait_for
 from bench.prompts import text_of_tokens
 from bench.sim.launch import SimPod
 from bench.tinymodel import ensure_tokenizer
+from tests.sim_gateway import system_chat
 
 
 def _chat(gw: str, model: str, system: str) -> tuple[int, str | None, int | None]:
-    r = httpx.post(
-        f"{gw}/v1/chat/completions",
-        json={"model": model, "max_tokens": 2, "messages": [
-            {"role": "system", "content": system}, {"role": "user", "content": "q"}]},
-        timeout=30,
-    )  # fmt: skip
+    r = system_chat(gw, model, system)
     cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
     return r.status_code, r.headers.get("x-kvgate-predicted-cached-tokens"), cached
 
