@@ -251,8 +251,7 @@ class KvIndex:
         """Start following a pod's KV events once we know which model it serves."""
         cfg = pod.config
         model = pod.engine_model
-        sub = self._subscribers.get(pod.name)
-        ingestor = sub.ingestor if sub is not None else self._http_ingestors.get(pod.name)
+        ingestor = self._ingestor_of(pod.name)
         if ingestor is not None and model is not None and ingestor.keyer.model != model:
             # The pod's engine now serves another model (restarted under a new served
             # name without being ejected): its events were keyed under the old model,
@@ -333,9 +332,8 @@ class KvIndex:
         return await self._apply_batches(pod, decode_http_events(body, content_type))
 
     async def _apply_batches(self, pod: Pod, batches: Sequence[EngineBatch]) -> int:
-        sub = self._subscribers.get(pod.name)
         # One engine-hash map per pod, whichever way its events arrive.
-        ingestor = sub.ingestor if sub is not None else self._http_ingestors.get(pod.name)
+        ingestor = self._ingestor_of(pod.name)
         if ingestor is None:
             model = pod.engine_model
             if model is None:
@@ -359,8 +357,12 @@ class KvIndex:
 
     def _follows(self, name: str, ingestor: PodIngestor) -> bool:
         """Whether ``ingestor`` is still the one ``name``'s events go through."""
+        return self._ingestor_of(name) is ingestor
+
+    def _ingestor_of(self, name: str) -> PodIngestor | None:
+        """What ``name``'s events go through: its subscriber's, else its posted events'."""
         sub = self._subscribers.get(name)
-        return (sub.ingestor if sub is not None else self._http_ingestors.get(name)) is ingestor
+        return sub.ingestor if sub is not None else self._http_ingestors.get(name)
 
     def l0_blocks_now(self, pod: str) -> int | None:
         """``pod``'s L0 occupancy by its events (``IndexStore.l0_blocks_now``), or

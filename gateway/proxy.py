@@ -340,8 +340,6 @@ class Proxy:
             if parsed.stream and upstream.status == 200:
                 style = error_style(parsed.kind)
                 await self._stream(send, upstream, a, out, first_byte_by, watch, style)
-            elif upstream.status == 404 and self._served_elsewhere(a):
-                await self._not_found(send, upstream, a, out, watch)
             else:
                 await self._buffered(send, upstream, a, out, watch)
         finally:
@@ -420,49 +418,23 @@ class Proxy:
         out: list[tuple[bytes, bytes]],
         watch: DisconnectWatch,
     ) -> None:
-        await self._answer(send, upstream, a, out, watch, await self._read_body(upstream, a))
-
-    async def _not_found(
-        self,
-        send: Send,
-        upstream: UpstreamResponse,
-        a: Attempt,
-        out: list[tuple[bytes, bytes]],
-        watch: DisconnectWatch,
-    ) -> None:
-        """A pod's 404 while another pod lists the model. If it says the pod serves no
-        such model (an adapter unloaded here between two probes), another pod answers:
-        this pod's 404 would tell the client the model does not exist at all."""
-        body = await self._read_body(upstream, a)
-        if _model_unknown(body):
-            gone = f"pod '{a.pod.name}' no longer serves model '{a.model}'"
-            error = GatewayError(404, gone, code="model_not_found")
-            raise _PodFailure(error, "model_gone", pod_fault=False)
-        await self._answer(send, upstream, a, out, watch, body)
-
-    async def _read_body(self, upstream: UpstreamResponse, a: Attempt) -> bytes:
-        """A non-streamed answer, whole, by the total deadline."""
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout_at(self._deadline(loop, a, self._s.timeouts.total_s)):
                 with span("kvgate.first_byte"):  # and the whole body: the pod sends it at once
-                    return await upstream.read()
+                    body = await upstream.read()
         except TimeoutError:
             raise self._timed_out(a, "timed out") from None
         except UpstreamDropped as exc:
             raise _PodFailure(
                 GatewayError(502, f"pod '{a.pod.name}' failed: {exc}"), "dropped"
             ) from None
-
-    async def _answer(
-        self,
-        send: Send,
-        upstream: UpstreamResponse,
-        a: Attempt,
-        out: list[tuple[bytes, bytes]],
-        watch: DisconnectWatch,
-        body: bytes,
-    ) -> None:
+        if upstream.status == 404 and _model_unknown(body) and self._served_elsewhere(a):
+            # An adapter unloaded here between two probes while another pod still serves
+            # it: that pod answers, not this pod's 404 (which says it does not exist).
+            gone = f"pod '{a.pod.name}' no longer serves model '{a.model}'"
+            error = GatewayError(404, gone, code="model_not_found")
+            raise _PodFailure(error, "model_gone", pod_fault=False)
         upstream.release()
         self._registry.request_succeeded(a.pod)
         self._accounting.record(a, upstream.status, usage_from_json(body))
