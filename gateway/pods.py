@@ -379,8 +379,9 @@ class PodRegistry:
         follows them anew under the new one)."""
         before = pod.engine_model
         self._learn_models(pod, listing)
-        if pod.healthy and before is not None and pod.engine_model != before:
-            log.info("pod %s now serves %s (was %s)", pod.name, pod.engine_model, before)
+        now = pod.engine_model
+        if pod.healthy and before is not None and now != before:
+            log.info("pod %s now serves %s (was %s)", pod.name, now, before)
             await self._notify(self._on_admit, pod)
 
     def _set_models(self, pod: Pod, models: set[str]) -> None:
