@@ -5,6 +5,13 @@ upstream, so vLLM extras (``cache_salt``, ``vllm_xargs``, ``stream_options`` ...
 pass through whatever they are. Bodies are JSON (OpenAI's APIs, Responses,
 Anthropic Messages) except the audio endpoints' multipart forms, of which only the
 ``model`` and ``stream`` fields are read.
+
+What is read is read as vLLM reads it. vLLM validates requests with pydantic in lax
+mode, so a client that works against a pod may send what a strict schema would refuse:
+``"stream": 1`` or ``"yes"``, token ids as ``1.0``, a UTF-8 byte order mark before
+the JSON (vLLM 0.32 answers all of these; ``tests/e2e/test_gateway_vllm.py`` sends
+each to a pod and through the gateway). The gateway accepts the same values, and
+refuses with 400 what vLLM refuses (``"stream": 2``, token id ``1.5``).
 """
 
 from __future__ import annotations
@@ -38,6 +45,10 @@ _FORM_FIELDS = frozenset({"model", "stream"})
 JSON = "application/json"
 
 _json = msgspec.json.Decoder()
+_BOM = b"\xef\xbb\xbf"
+# pydantic's lax booleans (case does not matter; surrounding spaces do).
+_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
 
 
 @dataclass(slots=True)
@@ -126,7 +137,7 @@ def parse_body(raw: bytes, kind: Kind, content_type: str = JSON) -> ParsedReques
     if not raw.strip():
         raise _bad("request body is empty; expected a JSON object")
     try:
-        body = _json.decode(raw)
+        body = _json.decode(raw[3:] if raw.startswith(_BOM) else raw)
     except msgspec.DecodeError as exc:
         raise _bad(f"request body is not valid JSON: {exc}") from None
     except RecursionError:  # msgspec's decoder recurses per nesting level
@@ -139,14 +150,13 @@ def parse_body(raw: bytes, kind: Kind, content_type: str = JSON) -> ParsedReques
     if model is None and kind in _MODEL_REQUIRED:
         raise _bad("'model' is required", "model")
     stream = body.get("stream", False)
+    stream = False if stream is None else lax_bool(stream)
     if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
         raise _bad("'stream' must be a boolean", "stream")
     if kind == "chat" or (kind == "tokenize" and "messages" in body):
         _check_messages(body.get("messages"))
     elif kind == "completions":
-        _check_prompt(body.get("prompt"))
+        _check_prompt(body)
     elif kind == "responses":
         _check_responses_input(body.get("input"))
     elif kind in ("messages", "messages_count"):
@@ -165,7 +175,7 @@ def _parse_form(raw: bytes, content_type: str) -> ParsedRequest:
     except FormError as exc:
         raise _bad(f"request body is not a valid form: {exc}") from None
     model = fields.get("model") or None
-    stream = fields.get("stream", "false").strip().lower() == "true"
+    stream = lax_bool(fields.get("stream", "false").strip()) or False
     return ParsedRequest("audio", model, stream, dict(fields), raw, content_type)
 
 
@@ -228,18 +238,72 @@ def _check_part(part: Any, where: str) -> None:
         raise _bad(f"{where}.text must be a string", "messages")
 
 
-def _check_prompt(prompt: Any) -> None:
+def lax_bool(value: Any) -> bool | None:
+    """``value`` as pydantic's lax mode reads a boolean (so as vLLM does): true/false,
+    0/1 (also 0.0/1.0), and the strings of ``_TRUE`` and ``_FALSE`` in any case; None
+    for anything else."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        word = value.lower()
+        if word in _TRUE:
+            return True
+        if word in _FALSE:
+            return False
+    return None
+
+
+def _lax_int(value: Any) -> int | None:
+    """``value`` as pydantic's lax mode reads an integer: an int, a bool, a float without
+    a fraction, a string of decimal digits; None for anything else."""
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    if isinstance(value, str) and value.isascii() and value.lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def _token_ids(items: list[Any]) -> list[int] | None:
+    """``items`` as a list of token ids, read like vLLM's ``list[int]``: None if one of
+    them is not an integer (a list of strings is text prompts, not ids)."""
+    if all(type(x) is int for x in items):
+        return items  # the common case, as it is
+    if all(isinstance(x, str) for x in items):
+        return None
+    ids = [_lax_int(x) for x in items]
+    return None if None in ids else ids  # type: ignore[return-value]
+
+
+def _prompt_ids(prompt: Any) -> list[int] | list[list[int]] | None:
+    """Token ids, or a batch of lists of them, as vLLM reads them; None otherwise."""
+    if not isinstance(prompt, list) or not prompt:
+        return None
+    ids = _token_ids(prompt)
+    if ids is not None:
+        return ids
+    batch = [_token_ids(x) if isinstance(x, list) and x else None for x in prompt]
+    return None if None in batch else batch  # type: ignore[return-value]
+
+
+def _check_prompt(body: dict[str, Any]) -> None:
+    """A completion's prompt: a string, strings, token ids or lists of token ids. Ids
+    that vLLM reads as integers (``1.0``, ``"1"`` beside numbers) are kept in ``body``
+    as ints, for the tokenizer and the keyer (the pod is sent the client's bytes)."""
+    prompt = body.get("prompt")
     if isinstance(prompt, str):
         return
-    if isinstance(prompt, list) and prompt:
-        if all(isinstance(x, str) for x in prompt):
-            return
-        if all(type(x) is int for x in prompt):
-            if not all(is_token_id(x) for x in prompt):
-                raise _bad("token ids in 'prompt' must be integers in [0, 2^32)", "prompt")
-            return
-        if all(isinstance(x, list) and x and all(type(t) is int for t in x) for x in prompt):
-            if not all(is_token_id(t) for x in prompt for t in x):
-                raise _bad("token ids in 'prompt' must be integers in [0, 2^32)", "prompt")
-            return
-    raise _bad("'prompt' must be a string, an array of strings, or an array of token ids", "prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(x, str) for x in prompt):
+        return
+    ids = _prompt_ids(prompt)
+    if ids is None:
+        raise _bad(
+            "'prompt' must be a string, an array of strings, or an array of token ids", "prompt"
+        )
+    body["prompt"] = ids
+    flat = ids if type(ids[0]) is int else [t for x in ids for t in x]  # type: ignore[union-attr]
+    if not all(map(is_token_id, flat)):
+        raise _bad("token ids in 'prompt' must be integers in [0, 2^32)", "prompt")

@@ -200,3 +200,26 @@ def test_prefix_aware_keeps_the_shared_system_prompt_on_one_pod(vllm_pods, nonce
         seq = _run_sequence(gw, system)
     assert len({p for p, _, _ in seq}) == 1, seq
     assert all(cached > 300 for _, cached, _ in seq[1:])
+
+
+def test_token_ids_sent_as_floats_are_keyed_like_the_ints_vllm_reads(
+    vllm_pods, tiny_tokenizer_dir, nonce
+):
+    """vLLM reads ``[1.0, 2.0]`` as token ids 1 and 2; so does the index."""
+    text = prompt_text(nonce, 300)
+    tokenized = httpx.post(f"{vllm_pods[0].url}/tokenize",
+                           json={"model": MODEL_NAME, "prompt": text}, timeout=30)  # fmt: skip
+    ids = tokenized.json()["tokens"]
+    seen = []
+    with run_gateway(_pods(vllm_pods), "kv-aware", env=_env(tiny_tokenizer_dir)) as gw:
+        client = OpenAI(base_url=f"{gw}/v1", api_key="x", max_retries=0)
+        for _ in range(3):
+            raw = client.completions.with_raw_response.create(
+                model=MODEL_NAME, prompt=[float(t) for t in ids], max_tokens=1
+            )
+            cached = raw.parse().usage.prompt_tokens_details.cached_tokens
+            predicted = int(raw.headers["x-kvgate-predicted-cached-tokens"])
+            seen.append((raw.headers["x-kvgate-pod"], predicted, cached))
+    full = (len(ids) - 1) // BLOCK_SIZE * BLOCK_SIZE
+    assert len({pod for pod, _, _ in seen}) == 1, seen
+    assert [(p, c) for _, p, c in seen] == [(0, 0), (full, full), (full, full)], seen
