@@ -11,11 +11,16 @@ mode, so a client that works against a pod may send what a strict schema would r
 ``"stream": 1`` or ``"yes"``, token ids as ``1.0``, a UTF-8 byte order mark before
 the JSON (vLLM 0.32 answers all of these; ``tests/e2e/test_gateway_vllm.py`` sends
 each to a pod and through the gateway). The gateway accepts the same values, and
-refuses with 400 what vLLM refuses (``"stream": 2``, token id ``1.5``).
+refuses with 400 what vLLM refuses (``"stream": 2``, token id ``1.5``). Only fields
+the request's own vLLM model has are checked: vLLM ignores the others (``stream`` on
+``/tokenize``), so the gateway does too. ``tests/e2e/test_vllm_parity.py`` compares
+many more bodies, from every API, on a pod and through the gateway.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -24,6 +29,7 @@ import msgspec
 from gateway.errors import GatewayError
 from gateway.multipart import FormError, form_fields
 from kvindex.keyer import is_token_id
+from kvindex.tokenization.prompt import lax_bool
 
 Kind = Literal[
     "chat",
@@ -40,15 +46,19 @@ Kind = Literal[
     "rerank",
     "audio",  # multipart forms: transcriptions, translations
 ]
-_MODEL_REQUIRED = frozenset({"chat", "completions", "embeddings", "messages", "messages_count"})
+# Anthropic's models require ``model``; vLLM's own APIs take a missing, null or empty
+# one as the model the pod serves (``_is_model_supported``), as the gateway does when
+# its pods serve one model (``Proxy._resolve_model``).
+_MODEL_REQUIRED = frozenset({"messages", "messages_count"})
+# The APIs whose vLLM request has a ``stream`` field; the others never read one.
+_STREAMED = frozenset({"chat", "completions", "responses", "messages"})
+# ... and a ``stream_options`` field (an object; vLLM also refuses one without stream).
+_STREAM_OPTIONS = frozenset({"chat", "completions"})
 _FORM_FIELDS = frozenset({"model", "stream"})
 JSON = "application/json"
 
 _json = msgspec.json.Decoder()
 _BOM = b"\xef\xbb\xbf"
-# pydantic's lax booleans (case does not matter; surrounding spaces do).
-_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
-_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
 
 
 @dataclass(slots=True)
@@ -134,27 +144,22 @@ def _responses_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
 def parse_body(raw: bytes, kind: Kind, content_type: str = JSON) -> ParsedRequest:
     if kind == "audio":
         return _parse_form(raw, content_type)
+    if content_type.lower().split(";", 1)[0] != JSON:
+        # vLLM's ``validate_json_request``: any other media type is a 400, even one
+        # whose body is JSON (the pod would answer 200 to the gateway's request, which
+        # always says application/json).
+        raise _bad("Unsupported Media Type: only 'application/json' is allowed", "content-type")
     if not raw.strip():
         raise _bad("request body is empty; expected a JSON object")
-    try:
-        body = _json.decode(raw[3:] if raw.startswith(_BOM) else raw)
-    except msgspec.DecodeError as exc:
-        raise _bad(f"request body is not valid JSON: {exc}") from None
-    except RecursionError:  # msgspec's decoder recurses per nesting level
-        raise _bad("request body is nested too deeply") from None
+    body, raw = _decode(raw)
     if not isinstance(body, dict):
         raise _bad("request body must be a JSON object")
-    model = body.get("model")
-    if model is not None and (not isinstance(model, str) or not model):
-        raise _bad("'model' must be a non-empty string", "model")
-    if model is None and kind in _MODEL_REQUIRED:
-        raise _bad("'model' is required", "model")
-    stream = body.get("stream", False)
-    stream = False if stream is None else lax_bool(stream)
-    if stream is None:
-        raise _bad("'stream' must be a boolean", "stream")
-    if kind == "chat" or (kind == "tokenize" and "messages" in body):
+    model = _model(body.get("model"), kind)
+    stream = _stream(body, kind)
+    if kind == "chat":
         _check_messages(body.get("messages"))
+    elif kind == "tokenize" and "messages" in body:
+        _check_tokenize_messages(body)
     elif kind == "completions":
         _check_prompt(body)
     elif kind == "responses":
@@ -162,9 +167,56 @@ def parse_body(raw: bytes, kind: Kind, content_type: str = JSON) -> ParsedReques
     elif kind in ("messages", "messages_count"):
         _check_anthropic(body)
     so = body.get("stream_options")
-    if so is not None and not isinstance(so, dict):
+    if kind in _STREAM_OPTIONS and so is not None and not isinstance(so, dict):
         raise _bad("'stream_options' must be an object", "stream_options")
     return ParsedRequest(kind=kind, model=model, stream=stream, body=body, raw=raw)
+
+
+def _decode(raw: bytes) -> tuple[Any, bytes]:
+    """The body's JSON value, and the bytes the pod is sent (``raw``, or the same JSON
+    text in UTF-8 when the client sent UTF-16 or UTF-32).
+
+    msgspec reads almost every body. What it refuses goes to ``json.loads``, which is
+    what vLLM parses bodies with (Starlette's ``Request.json``): it also reads
+    ``NaN`` and ``Infinity``, numbers beyond a float's range (as infinities), escaped
+    lone surrogates, and bodies in UTF-16 or UTF-32 (told apart by their first bytes).
+    A body neither reads is refused with msgspec's reason, as vLLM refuses it."""
+    try:
+        return _json.decode(raw[3:] if raw.startswith(_BOM) else raw), raw
+    except msgspec.DecodeError as exc:
+        reason = str(exc)
+    except RecursionError:  # msgspec's decoder recurses per nesting level
+        raise _bad("request body is nested too deeply") from None
+    try:
+        body = json.loads(raw)
+    except ValueError:  # malformed JSON, or bytes that are not text in its encoding
+        raise _bad(f"request body is not valid JSON: {reason}") from None
+    except RecursionError:
+        raise _bad("request body is nested too deeply") from None
+    encoding = json.detect_encoding(raw)
+    if encoding not in ("utf-8", "utf-8-sig"):
+        # What the gateway splices into a body (a tenant's cache_salt) is UTF-8.
+        raw = raw.decode(encoding).encode("utf-8", "surrogatepass")
+    return body, raw
+
+
+def _model(model: Any, kind: Kind) -> str | None:
+    """The requested model; None where vLLM takes the served one (absent, null, "")."""
+    if model is not None and not isinstance(model, str):
+        raise _bad("'model' must be a string", "model")
+    if not model and kind in _MODEL_REQUIRED:
+        raise _bad("'model' is required", "model")
+    return model or None
+
+
+def _stream(body: dict[str, Any], kind: Kind) -> bool:
+    if kind not in _STREAMED:
+        return False  # vLLM's request has no such field, and ignores it
+    stream = body.get("stream", False)
+    stream = False if stream is None else lax_bool(stream)
+    if stream is None:
+        raise _bad("'stream' must be a boolean", "stream")
+    return stream
 
 
 def _parse_form(raw: bytes, content_type: str) -> ParsedRequest:
@@ -214,6 +266,19 @@ def _check_blocks(content: Any, where: str, param: str) -> None:
             raise _bad(f"{where}[{j}] must be an object with a string 'type'", param)
 
 
+def _check_tokenize_messages(body: dict[str, Any]) -> None:
+    """``/tokenize`` is a chat tokenization when its ``messages`` are valid; otherwise
+    vLLM reads a body with a string ``prompt`` as a completion's, its ``messages``
+    ignored. So does the gateway: such ``messages`` are dropped from what routing reads
+    (the pod is sent the client's bytes)."""
+    try:
+        _check_messages(body.get("messages"))
+    except GatewayError:
+        if not isinstance(body.get("prompt"), str):
+            raise
+        del body["messages"]
+
+
 def _check_messages(messages: Any) -> None:
     if not isinstance(messages, list) or not messages:
         raise _bad("'messages' must be a non-empty array", "messages")
@@ -221,7 +286,8 @@ def _check_messages(messages: Any) -> None:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise _bad(f"messages[{i}] must be an object with a string 'role'", "messages")
         content = m.get("content")
-        if content is None or isinstance(content, str):
+        # vLLM validates content as an iterable of parts: an empty object is no parts.
+        if content is None or isinstance(content, str) or content == {}:
             continue
         if not isinstance(content, list):
             raise _bad(f"messages[{i}].content must be a string or an array", "messages")
@@ -238,32 +304,27 @@ def _check_part(part: Any, where: str) -> None:
         raise _bad(f"{where}.text must be a string", "messages")
 
 
-def lax_bool(value: Any) -> bool | None:
-    """``value`` as pydantic's lax mode reads a boolean (so as vLLM does): true/false,
-    0/1 (also 0.0/1.0), and the strings of ``_TRUE`` and ``_FALSE`` in any case; None
-    for anything else."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int | float) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str):
-        word = value.lower()
-        if word in _TRUE:
-            return True
-        if word in _FALSE:
-            return False
-    return None
+# A string pydantic reads as an integer, once stripped of Unicode white space (Rust's
+# ``str::trim``, which unlike Python's ``str.strip`` keeps \x1c-\x1f): ASCII digits with
+# a sign, single underscores between digits, and a fraction of zeros ("+1_000.0").
+_INT_TEXT = re.compile(r"[+-]?[0-9]+(?:_[0-9]+)*(?:\.0+)?")
+_WHITE_SPACE = (
+    "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
+    "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
 
 
 def _lax_int(value: Any) -> int | None:
     """``value`` as pydantic's lax mode reads an integer: an int, a bool, a float without
-    a fraction, a string of decimal digits; None for anything else."""
+    a fraction, a string of an integer (``_INT_TEXT``); None for anything else."""
     if isinstance(value, int):
         return int(value)
     if isinstance(value, float):
         return int(value) if value.is_integer() else None
-    if isinstance(value, str) and value.isascii() and value.lstrip("-").isdigit():
-        return int(value)
+    if isinstance(value, str):
+        text = value.strip(_WHITE_SPACE)
+        if _INT_TEXT.fullmatch(text):
+            return int(text.partition(".")[0])
     return None
 
 
@@ -296,6 +357,8 @@ def _check_prompt(body: dict[str, Any]) -> None:
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         return
+    if prompt is None and body.get("prompt_embeds") not in (None, []):
+        return  # vLLM's check: a prompt or prompt embeddings (routed by load alone)
     if isinstance(prompt, list) and prompt and all(isinstance(x, str) for x in prompt):
         return
     ids = _prompt_ids(prompt)

@@ -37,7 +37,7 @@ from kvindex.tokenization.front import (
     TokenizationError,
 )
 from kvindex.tokenization.local import LocalTokenizer
-from kvindex.tokenization.prompt import ChatPrompt
+from kvindex.tokenization.prompt import ChatPrompt, lax_flag
 from kvindex.tokenization.responses import responses_prompt
 from kvindex.types import Bound
 
@@ -194,7 +194,7 @@ class PromptTokens:
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             return list(prompt)
         if isinstance(prompt, str):
-            add_special = bool(body.get("add_special_tokens", True))
+            add_special = lax_flag(body, "add_special_tokens", True)
             return await tok.completion(prompt, add_special_tokens=add_special, engine=engine)
         return None  # batched prompts are not routed by cache
 

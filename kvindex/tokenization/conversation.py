@@ -9,7 +9,8 @@ handling of ``vllm/renderers/hf.py`` for prompts without media:
   ``text``/``refusal`` part without it is skipped). Templates that loop over
   content get a list of ``{"type": "text", "text"}`` parts (vLLM's "openai"
   format; a plain string becomes one part); the others get the texts joined by
-  ``"\\n"`` ("string" format). No content is ``""`` (or ``[]``).
+  ``"\\n"`` ("string" format). No content is ``""`` (or ``[]``); so is ``{}``,
+  which vLLM validates as an iterable of no parts.
 - each message keeps only what vLLM keeps: role, content, assistant ``tool_calls``
   and ``reasoning`` (also as ``reasoning_content``), a tool's ``tool_call_id``,
   ``name``, ``task``, and a developer message's ``tools``;
@@ -139,8 +140,8 @@ def _message(message: Mapping[str, Any], openai_content: bool) -> dict[str, Any]
 def _content(role: str, content: Any, openai_content: bool) -> Any:
     """The message's content for the template: text parts (openai format) or their
     texts joined by newlines (string format)."""
-    if content is None:
-        parts: list[Any] = []
+    if content is None or (isinstance(content, Mapping) and not content):
+        parts: list[Any] = []  # vLLM iterates content: an empty object is no parts
     elif isinstance(content, str):
         parts = [{"type": "text", "text": content}]
     elif isinstance(content, list):

@@ -14,6 +14,34 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+# pydantic's lax booleans (case does not matter; surrounding spaces do).
+_TRUE = frozenset({"1", "on", "t", "true", "y", "yes"})
+_FALSE = frozenset({"0", "off", "f", "false", "n", "no"})
+
+
+def lax_bool(value: Any) -> bool | None:
+    """``value`` as pydantic's lax mode reads a boolean (so as vLLM reads its request
+    fields): true/false, 0/1 (also 0.0/1.0), and the strings of ``_TRUE`` and
+    ``_FALSE`` in any case; None for anything else."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        word = value.lower()
+        if word in _TRUE:
+            return True
+        if word in _FALSE:
+            return False
+    return None
+
+
+def lax_flag(body: Mapping[str, Any], name: str, default: bool) -> bool:
+    """A boolean field of the body as vLLM reads it; ``default`` when absent or not a
+    boolean (the pod refuses such a request, so how it would have rendered is moot)."""
+    value = lax_bool(body.get(name, default))
+    return default if value is None else value
+
 
 @dataclass(frozen=True, slots=True)
 class ChatPrompt:
@@ -36,9 +64,9 @@ class ChatPrompt:
         effort = body.get("reasoning_effort")
         return cls(
             messages=body["messages"],
-            add_generation_prompt=bool(body.get("add_generation_prompt", True)),
-            continue_final_message=bool(body.get("continue_final_message", False)),
-            add_special_tokens=bool(body.get("add_special_tokens", False)),
+            add_generation_prompt=lax_flag(body, "add_generation_prompt", True),
+            continue_final_message=lax_flag(body, "continue_final_message", False),
+            add_special_tokens=lax_flag(body, "add_special_tokens", False),
             chat_template_kwargs=kwargs if isinstance(kwargs, dict) else None,
             tools=tools if isinstance(tools, list) else None,
             documents=documents if isinstance(documents, list) else None,

@@ -1,6 +1,6 @@
 """The gateway in front of two real vLLM pods, driven by the official openai client.
 
-Contract assumed from ``tests/gateway_proc.py`` (owned by the gateway):
+``bench.gateway_proc``:
 ``run_gateway(pods=[(name, url), ...], strategy="round-robin", extra_args=[])`` is a
 context manager that starts ``kvgate serve`` and yields its base URL once ready.
 """
@@ -14,13 +14,9 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from bench.gateway_proc import run_gateway
 from bench.vllm_pods import BLOCK_SIZE, MODEL_NAME, VllmServer
 from tests.e2e.prompts import prompt_text
-
-try:
-    from bench.gateway_proc import run_gateway
-except ImportError:  # lands with the gateway; until then these tests say so
-    pytestmark = pytest.mark.skip(reason="gateway_proc not yet available")
 
 POD_NAMES = ("pod-0", "pod-1")
 

@@ -15,7 +15,8 @@ import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from gateway.errors import GatewayError
-from gateway.openai_body import lax_bool, parse_body
+from gateway.openai_body import parse_body
+from kvindex.tokenization.prompt import ChatPrompt, lax_bool
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 STREAM_VALUES = [True, False, 1, 0, 1.0, 0.0, 0.5, 2, -1, "true", "TRUE", "tRuE", "yes",
@@ -88,3 +89,21 @@ def test_a_byte_order_mark_alone_or_twice_is_still_not_json():
         with pytest.raises(GatewayError) as err:
             parse_body(raw, "chat")
         assert err.value.status == 400
+
+
+FLAGS = {"add_generation_prompt": True, "continue_final_message": False,
+         "add_special_tokens": False}  # vLLM's defaults  # fmt: skip
+
+
+@pytest.mark.parametrize("value", ["no", "false", "0", 0, "YES", "on", 1.0, True, False],
+                         ids=repr)  # fmt: skip
+def test_a_chat_prompts_flags_are_read_as_vllm_reads_them(value):
+    """The flags change the rendered prompt, so the tokens kv-aware keys: "no" is false."""
+    prompt = ChatPrompt.from_body({"messages": MESSAGES, **dict.fromkeys(FLAGS, value)})
+    expected = TypeAdapter(bool).validate_python(value)
+    assert [getattr(prompt, name) for name in FLAGS] == [expected] * len(FLAGS)
+
+
+def test_a_flag_vllm_would_refuse_leaves_the_default():
+    prompt = ChatPrompt.from_body({"messages": MESSAGES, **dict.fromkeys(FLAGS, "maybe")})
+    assert [getattr(prompt, name) for name in FLAGS] == list(FLAGS.values())
