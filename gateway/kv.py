@@ -117,6 +117,9 @@ class KvIndex:
         self._keyers: BoundedLRU[str, BlockKeyer] = BoundedLRU(MAX_KEYERS)
         self._subscribers: dict[str, KVEventSubscriber] = {}
         self._http_ingestors: dict[str, PodIngestor] = {}
+        # Per followed pod, its ``Pod.restarts`` when following began: a higher count
+        # now means the events (and entries) are of a process that is gone.
+        self._followed_restarts: dict[str, int] = {}
         self._pending: set[asyncio.Task[None]] = set()
         self.speculations_dropped = 0
 
@@ -177,6 +180,7 @@ class KvIndex:
         """Forget what the index holds of ``pods`` and follow their KV events again."""
         for pod in pods:
             self._http_ingestors.pop(pod.name, None)
+            self._followed_restarts.pop(pod.name, None)
             sub = self._subscribers.pop(pod.name, None)
             if sub is not None:
                 await sub.stop()
@@ -248,14 +252,12 @@ class KvIndex:
     # -- pods and events --
 
     async def pod_admitted(self, pod: Pod) -> None:
-        """Start following a pod's KV events once we know which model it serves."""
+        """Start following a pod's KV events once we know which model it serves; follow
+        them anew where its engine was replaced under a running subscriber."""
         cfg = pod.config
         model = pod.engine_model
         ingestor = self._ingestor_of(pod.name)
-        if ingestor is not None and model is not None and ingestor.keyer.model != model:
-            # The pod's engine now serves another model (restarted under a new served
-            # name without being ejected): its events were keyed under the old model,
-            # so forget them and follow its events anew under the new one.
+        if ingestor is not None and self._engine_replaced(pod, ingestor, model):
             await self.refollow([pod])  # calls back here with no subscriber
             return
         if not cfg.kv_events or pod.name in self._subscribers:
@@ -275,8 +277,25 @@ class KvIndex:
             warm_start=self._s.index.warm_start,
         )
         self._subscribers[pod.name] = sub
+        self._followed_restarts[pod.name] = pod.restarts
         await sub.start()
         log.info("following KV events of %s at %s", pod.name, cfg.kv_events)
+
+    def _engine_replaced(self, pod: Pod, ingestor: PodIngestor, model: str | None) -> bool:
+        """Whether ``ingestor`` follows an engine the pod no longer runs, though the pod
+        was never ejected: it restarted between two probes (``PodRegistry`` saw a later
+        process start), so its cache is empty while the index holds the old process's
+        entries until the new one publishes, which an idle pod may not do for hours; or
+        it serves another model (restarted under a new served name), and its events were
+        keyed under the old one. Either way: forget them, follow its events anew."""
+        if model is not None and ingestor.keyer.model != model:
+            return True
+        followed = self._followed_restarts.get(pod.name)
+        if followed is not None and pod.restarts > followed:
+            log.info("pod %s restarted: its index entries are dropped and its KV events "
+                     "followed anew", pod.name)  # fmt: skip
+            return True
+        return False
 
     async def pod_ejected(self, pod: Pod) -> None:
         """An ejected pod's cache is unknown (it may have restarted): forget it, and
@@ -299,6 +318,7 @@ class KvIndex:
         if sub is not None:
             await sub.stop()
         self._http_ingestors.pop(name, None)
+        self._followed_restarts.pop(name, None)
         self.tokens.forget_pod(name)
         self.event_metrics.forget_pod(name)
         await self.store.drop_pod(name)
@@ -345,6 +365,7 @@ class KvIndex:
                 self.event_metrics,
                 self._s.index.engine_map_capacity,
             )
+            self._followed_restarts[pod.name] = pod.restarts
         applied = 0
         for batch in batches:
             applied += await ingestor.apply_batch(batch, batch.dp_rank or 0)

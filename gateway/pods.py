@@ -9,6 +9,12 @@ for the load view. Adapters come and go at runtime (vLLM's
 ``/v1/load_lora_adapter``), so ``/v1/models`` is also re-read between probes: when
 a request names a model no pod lists (``refresh_models``, at most once per
 ``lora.refresh_min_interval_s``) and when a pod answers 404 (``models_stale``).
+
+The same scrape says when a pod restarted between two probes (a container restart
+faster than an ejection): ``process_start_time_seconds`` moved later. Its prefix cache
+is then empty, so the admit listeners run again (``Pod.restarts`` tells them why) and
+the KV index forgets the old process's entries at once, not when the idle new process
+first publishes an event.
 """
 
 from __future__ import annotations
@@ -75,6 +81,10 @@ class Pod:
     good_probes: int = 0
     engine: EngineLoad = IDLE_ENGINE  # queue gauges scraped from the pod's /metrics
     last_probe: float = 0.0
+    # When the pod's serving process started (its /metrics), the latest seen; None
+    # until a scrape shows one. ``restarts`` counts the moves to a later start.
+    process_start: float | None = None
+    restarts: int = 0
 
     @property
     def name(self) -> str:
@@ -104,6 +114,12 @@ def same_endpoints(a: PodConfig, b: PodConfig) -> bool:
         b.url, b.kv_events, b.kv_replay, b.dp_ranks)  # fmt: skip
 
 
+# prometheus_client's process collector, which vLLM's API server exports (0.32, one
+# API server; with --api-server-count > 1 or PROMETHEUS_MULTIPROC_DIR set, its
+# multiprocess registry has none, and a restart shows at its first event). Fixed for
+# the life of a process (boot time is read once), unlabelled, and only the pod itself
+# writes it: a client cannot fake a restart with it, nor does a reconnect move it.
+_PROCESS_START = re.compile(rb"^process_start_time_seconds ([0-9.eE+]{1,32})\r?$", re.MULTILINE)
 _CACHE_INFO = "vllm:cache_config_info"
 _GPU_BLOCKS = re.compile(r'[{,]num_gpu_blocks="(\d{1,12})"')
 _json = msgspec.json.Decoder()
@@ -134,6 +150,31 @@ def parse_engine_load(text: str) -> dict[str, float]:
         if math.isfinite(value):
             out[attr] = out.get(attr, 0.0) + max(0.0, value)
     return {name: min(value, MAX_SCRAPED_VALUE) for name, value in out.items()}
+
+
+def parse_process_start(body: bytes) -> float | None:
+    """The pod's ``process_start_time_seconds`` (the latest, if it lists several), or
+    None without a positive finite one. One regex pass: the body may be hundreds of KB."""
+    starts = [float(m) for m in _PROCESS_START.findall(body)]
+    starts = [s for s in starts if math.isfinite(s) and s > 0]
+    return max(starts) if starts else None
+
+
+def saw_restart(pod: Pod, started: float | None) -> bool:
+    """Record a scraped process start; True if it shows a new process since the last.
+
+    Only a later start counts, and the latest is kept: a URL that reaches two
+    processes in turn (a Service in front of replicas) counts once, not every probe.
+    The first start seen is no restart: whatever the pod held then is what its event
+    stream is (re)played from."""
+    known = pod.process_start
+    if started is None or (known is not None and started <= known):
+        return False
+    pod.process_start = started
+    if known is None:
+        return False
+    pod.restarts += 1
+    return True
 
 
 def kept_card(card: dict[str, Any]) -> dict[str, object] | None:
@@ -322,26 +363,36 @@ class PodRegistry:
         pod.ever_probed = True
 
     async def _probe_once(self, pod: Pod) -> bool:
+        engine_model = pod.engine_model
         try:
-            status, _ = await self._get(pod, "/health")
-            if status != 200:
-                return False
-            status, body = await self._get(pod, "/v1/models")
-            if status == 200:
-                await self._learn_models_and_notify(pod, _json.decode(body))
-            status, body = await self._get(pod, "/metrics")
-            if status == 200:
-                load = parse_engine_load(body.decode("utf-8", "replace"))
-                pod.engine = EngineLoad(
-                    waiting=int(load.get("waiting", 0)),
-                    running=int(load.get("running", 0)),
-                    kv_usage=float(load.get("kv_usage", 0.0)),
-                    kv_capacity_blocks=int(load.get("kv_blocks", 0)),
-                )
-            return True
+            ok, restarted = await self._probe_answers(pod)
         except Exception as exc:  # whatever a pod answers is a failed probe, never a stop
             log.debug("probe of %s failed: %r", pod.name, exc)
-            return False
+            ok, restarted = False, False
+        # One notice for a restart and a model change (a restart under another name is
+        # one re-follow), and for a model learnt even if /metrics then failed.
+        await self._engine_changed(pod, engine_model, restarted)
+        return ok
+
+    async def _probe_answers(self, pod: Pod) -> tuple[bool, bool]:
+        """(the pod is healthy, its process restarted since the last scrape)."""
+        status, _ = await self._get(pod, "/health")
+        if status != 200:
+            return False, False
+        status, body = await self._get(pod, "/v1/models")
+        if status == 200:
+            self._learn_models(pod, _json.decode(body))
+        status, body = await self._get(pod, "/metrics")
+        if status != 200:
+            return True, False
+        load = parse_engine_load(body.decode("utf-8", "replace"))
+        pod.engine = EngineLoad(
+            waiting=int(load.get("waiting", 0)),
+            running=int(load.get("running", 0)),
+            kv_usage=float(load.get("kv_usage", 0.0)),
+            kv_capacity_blocks=int(load.get("kv_blocks", 0)),
+        )
+        return True, saw_restart(pod, parse_process_start(body))
 
     async def _get(self, pod: Pod, path: str) -> tuple[int, bytes]:
         """A pod's answer to ``GET path``: read whole within ``probe_timeout_s`` in all
@@ -372,17 +423,29 @@ class PodRegistry:
         self._set_models(pod, set(cards) | set(pod.config.models))
 
     async def _learn_models_and_notify(self, pod: Pod, listing: Any) -> None:
-        """``_learn_models``, then, where the engine's base model changed under a pod in
-        rotation (restarted under another ``--served-model-name`` between two probes, so
-        never ejected), the admit listeners again: the KV index keyed its events by the
-        old model, so the new model's prefixes never matched (``KVIndex.pod_admitted``
-        follows them anew under the new one)."""
+        """``_learn_models``, then ``_engine_changed`` if the base model changed."""
         before = pod.engine_model
         self._learn_models(pod, listing)
+        await self._engine_changed(pod, before, restarted=False)
+
+    async def _engine_changed(self, pod: Pod, model_before: str | None, restarted: bool) -> None:
+        """The admit listeners again for a pod in rotation whose engine changed under it
+        between two probes, so was never ejected: restarted (``saw_restart``: its cache
+        is empty, but the index holds the old process's entries until the new one
+        publishes an event, which an idle pod may not do for hours), or serving another
+        base model (restarted under another ``--served-model-name``: its events were
+        keyed by the old model, so the new model's prefixes never matched).
+        ``KvIndex.pod_admitted`` forgets the pod's entries and follows its events anew."""
         now = pod.engine_model
-        if pod.healthy and before is not None and now != before:
-            log.info("pod %s now serves %s (was %s)", pod.name, now, before)
-            await self._notify(self._on_admit, pod)
+        model_changed = model_before is not None and now != model_before
+        if not pod.healthy or not (restarted or model_changed):
+            return
+        if model_changed:
+            log.info("pod %s now serves %s (was %s)", pod.name, now, model_before)
+        if restarted:
+            log.warning("pod %s restarted between probes (process started at %.2f): its "
+                        "cache is empty", pod.name, pod.process_start or 0.0)  # fmt: skip
+        await self._notify(self._on_admit, pod)
 
     def _set_models(self, pod: Pod, models: set[str]) -> None:
         lost, pod.models = pod.models - models, models

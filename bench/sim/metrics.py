@@ -7,6 +7,7 @@ simulated pods can live in one process.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -127,6 +128,13 @@ class SimMetrics:
             registry=reg,
         )  # fmt: skip
         info.labels(str(block_size), "True", str(engine), str(num_gpu_blocks), "sha256").set(1)
+        # vLLM's API server registry carries prometheus_client's process collector; its
+        # start time is how a gateway tells a restarted pod from one that kept its cache.
+        Gauge(
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds.",
+            registry=reg,
+        ).set(time.time())
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
