@@ -9,12 +9,11 @@ Anthropic Messages) except the audio endpoints' multipart forms, of which only t
 What is read is read as vLLM reads it. vLLM validates requests with pydantic in lax
 mode, so a client that works against a pod may send what a strict schema would refuse:
 ``"stream": 1`` or ``"yes"``, token ids as ``1.0``, a UTF-8 byte order mark before
-the JSON (vLLM 0.32 answers all of these; ``tests/e2e/test_gateway_vllm.py`` sends
-each to a pod and through the gateway). The gateway accepts the same values, and
+the JSON (vLLM 0.32 answers all of these). The gateway accepts the same values, and
 refuses with 400 what vLLM refuses (``"stream": 2``, token id ``1.5``). Only fields
 the request's own vLLM model has are checked: vLLM ignores the others (``stream`` on
-``/tokenize``), so the gateway does too. ``tests/e2e/test_vllm_parity.py`` compares
-many more bodies, from every API, on a pod and through the gateway.
+``/tokenize``), so the gateway does too. ``tests/e2e/test_vllm_parity.py`` sends such
+bodies, from every API, to a pod and through the gateway.
 """
 
 from __future__ import annotations

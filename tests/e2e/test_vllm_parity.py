@@ -72,6 +72,13 @@ CASES: dict[str, tuple[str, dict, bytes, str, str | None]] = {
         "application/x-www-form-urlencoded",
     ),  # fmt: skip
     "charset parameter": ("chat", {}, b"", "utf-8", "Application/JSON; charset=utf-8"),
+    "stream 1": ("chat", {"stream": 1}, b"", "utf-8", JSON),
+    "stream 'yes'": ("chat", {"stream": "yes"}, b"", "utf-8", JSON),
+    "stream 0.0": ("chat", {"stream": 0.0}, b"", "utf-8", JSON),
+    "stream 2 (refused)": ("chat", {"stream": 2}, b"", "utf-8", JSON),
+    "byte order mark": ("chat", {}, b"", "utf-8-sig", JSON),
+    "token ids as floats": ("completions", {"prompt": [1.0, 2.0, 3.0]}, b"", "utf-8", JSON),
+    "token id 1.5 (refused)": ("completions", {"prompt": [1.5, 2.0]}, b"", "utf-8", JSON),
 }
 
 
