@@ -155,9 +155,18 @@ def parse_engine_load(text: str) -> dict[str, float]:
 def parse_process_start(body: bytes) -> float | None:
     """The pod's ``process_start_time_seconds`` (the latest, if it lists several), or
     None without a positive finite one. One regex pass: the body may be hundreds of KB."""
-    starts = [float(m) for m in _PROCESS_START.findall(body)]
-    starts = [s for s in starts if math.isfinite(s) and s > 0]
+    starts = [s for s in map(_float_or_nan, _PROCESS_START.findall(body))
+              if math.isfinite(s) and s > 0]  # fmt: skip
     return max(starts) if starts else None
+
+
+def _float_or_nan(text: bytes) -> float:
+    """``text`` as a float; NaN for what the regex lets through but is no number
+    ("1.2.3", "e"): a pod's garbled line is ignored, it must not fail the probe."""
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
 
 
 def saw_restart(pod: Pod, started: float | None) -> bool:

@@ -103,7 +103,8 @@ async def test_an_earlier_start_is_no_restart_and_alternating_processes_count_on
     "line",
     [b"", b"process_start_time_seconds NaN\n", b"process_start_time_seconds +Inf\n",
      b"process_start_time_seconds -5\n", b'process_start_time_seconds{x="1"} 1e12\n',
-     b"process_start_time_seconds " + b"9" * 400 + b"\n"],
+     b"process_start_time_seconds " + b"9" * 400 + b"\n",
+     b"process_start_time_seconds 1.2.3\n", b"process_start_time_seconds e+\n"],
 )  # fmt: skip
 async def test_no_usable_start_time_is_never_a_restart(line):
     fake = FakePod()
@@ -111,6 +112,7 @@ async def test_no_usable_start_time_is_never_a_restart(line):
         fake.bodies["/metrics"] = metrics_body(None) + line
         await registry.probe_all()
         assert (pod.process_start, pod.restarts, notices) == (STARTED, 0, [])
+        assert pod.failed_probes == 0  # a garbled line is ignored, not a failed probe
 
 
 async def test_a_restart_seen_while_ejected_is_left_to_the_readmission():
