@@ -321,7 +321,9 @@ async def test_requests_beyond_max_num_seqs_wait_in_fifo_order(slow_pod):
     done: list[int] = []
 
     async def one(i: int) -> None:
-        await client.completions.create(model=MODEL, prompt=[50 + i] * 8, max_tokens=10)
+        # The first runs ~0.9 s (40 tokens at 20 ms), so both reads below see it running
+        # on a loaded machine too (at 10 tokens, ~0.26 s, a slow read saw it finished).
+        await client.completions.create(model=MODEL, prompt=[50 + i] * 8, max_tokens=40)
         done.append(i)
 
     first = asyncio.create_task(one(0))
