@@ -139,7 +139,8 @@ async def measure_staleness(url: str, interval_s: float, samples: int) -> list[f
             want["n"] = n
             dispatched = time.perf_counter()
             tracker.start("pod-0")  # a request dispatched on A, never finished here
-            await asyncio.wait_for(seen.wait(), 10 * interval_s + 1)
+            async with asyncio.timeout(10 * interval_s + 1):
+                await seen.wait()
             out.append((time.perf_counter() - dispatched) * 1000)
     finally:
         for ex in (a, b):

@@ -277,7 +277,8 @@ class FleetLoadExchange:
                 self._round_failed()
                 self._log_unexpected(exc)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._poked.wait(), self.interval_s)
+                async with asyncio.timeout(self.interval_s):
+                    await self._poked.wait()
 
     def _round_failed(self) -> None:
         self.errors += 1

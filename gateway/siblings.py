@@ -183,7 +183,8 @@ class Siblings:
             # Event bodies a sibling accepted (its POST answered 200) are applied here
             # before this lookup; bounded, so a stuck store cannot hold requests.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._bodies.join(), SETTLE_TIMEOUT_S)
+                async with asyncio.timeout(SETTLE_TIMEOUT_S):
+                    await self._bodies.join()
 
     def speculated(self, pod: str, keys: Sequence[int]) -> None:
         if self._share_speculation and keys:

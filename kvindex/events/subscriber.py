@@ -87,7 +87,8 @@ async def _wait_readable(readable: asyncio.Event, deadline: float | None) -> Non
         await readable.wait()
     else:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(readable.wait(), max(0.0, deadline - time.monotonic()))
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                await readable.wait()
     readable.clear()
 
 
@@ -414,10 +415,8 @@ class KVEventSubscriber:
         dealer.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
         dealer.connect(st.replay_endpoint)
         try:
-            return await asyncio.wait_for(
-                self._read_replay(st, dealer, start),
-                timeout=self.replay_timeout_s * 10,
-            )
+            async with asyncio.timeout(self.replay_timeout_s * 10):
+                return await self._read_replay(st, dealer, start)
         except TimeoutError:
             st.stats.replay_timeouts += 1
             return {}
