@@ -244,6 +244,14 @@ class VllmServer:
             self._wait_group_gone(10)
         self.proc.wait()
 
+    def freeze(self) -> None:
+        """SIGSTOP the whole group: a hung server whose connections stay open."""
+        self._signal_group(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT the whole group after ``freeze``."""
+        self._signal_group(signal.SIGCONT)
+
     def kill(self) -> None:
         """SIGKILL the whole group at once, as a crash or OOM kill would."""
         if self.proc is None:

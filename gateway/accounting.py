@@ -38,6 +38,7 @@ class Attempt:
     model: str
     ttft_s: float | None = None
     recorded: bool = False
+    lost: bool = False  # its pod was ejected for failing probes before it answered
 
     @property
     def strategy(self) -> str:

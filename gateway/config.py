@@ -243,6 +243,9 @@ class HealthSettings(Section):
     interval_s: Seconds = 2.0  # 0 would probe every pod in a busy loop
     probe_timeout_s: Seconds = 2.0
     eject_after_failed_probes: int = Field(default=2, ge=1)
+    # Requests a pod ejected for failed probes holds, of which the client has seen
+    # nothing, go to another pod at once (gateway.awaiting), not at their deadline.
+    retry_in_flight_on_eject: bool = True
     eject_after_failed_requests: int = Field(default=3, ge=1)
     readmit_after_successes: int = Field(default=2, ge=1)
 

@@ -222,6 +222,7 @@ class PodRegistry:
         self._stale_at: dict[str, float] = {}  # ... and at most one per interval
         self._over_capacity_logged: set[str] = set()
         self._on_eject: list[PodListener] = []
+        self._on_lost: list[PodListener] = []
         self._on_admit: list[PodListener] = []
         self._on_remove: list[RemovalListener] = []
         self._on_models_gone: list[ModelsListener] = []
@@ -268,6 +269,12 @@ class PodRegistry:
     def on_eject(self, listener: PodListener) -> None:
         """Called when a pod leaves rotation (failed probes or requests, or removal)."""
         self._on_eject.append(listener)
+
+    def on_lost(self, listener: PodListener) -> None:
+        """Called, after the ejection listeners, when a pod is ejected for failing its
+        probes: it hung, died or cannot be reached, so what it is serving will likely
+        never be answered (``gateway.awaiting``)."""
+        self._on_lost.append(listener)
 
     def on_admit(self, listener: PodListener) -> None:
         """Called when a pod enters rotation."""
@@ -527,6 +534,8 @@ class PodRegistry:
         self._metrics.pod_healthy.labels(pod.name).set(0)
         self._metrics.pod_ejections.labels(pod.name, cause).inc()
         await self._notify(self._on_eject, pod)
+        if cause == "probe":
+            await self._notify(self._on_lost, pod)
 
     async def _admit(self, pod: Pod) -> None:
         pod.healthy = True

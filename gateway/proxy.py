@@ -9,7 +9,9 @@ Rules (the request lifecycle):
   as the pod's do, and from then on a failure is an SSE error event, not a retry);
 - deadlines run from arrival: a stream's first body byte within ``first_byte_s``,
   the whole answer within ``total_s``; a pod that misses one answers 504 and, like a
-  connect error, counts toward its ejection (a pod that hangs is taken out). A
+  connect error, counts toward its ejection (a pod that hangs is taken out). A pod
+  ejected for failing its probes gives up at once the requests it holds of which the
+  client has seen nothing: they are retried elsewhere (``gateway.awaiting``). A
   non-streamed answer has only ``total_s``: vLLM sends it whole once generated, so
   its first byte is its last, and ``first_byte_s`` would cut every generation longer
   than it (and eject healthy pods for it);
@@ -54,6 +56,7 @@ from gateway.asgi import (
     send_response,
 )
 from gateway.auth import key_matches
+from gateway.awaiting import AwaitingPods
 from gateway.config import Settings
 from gateway.errors import ErrorStyle, GatewayError, sse_error_event
 from gateway.in_flight import InFlightBounds, RequestHold, limits_of
@@ -70,6 +73,7 @@ log = logging.getLogger("kvgate.proxy")
 # A client's x-request-id is echoed and forwarded only if it is short and plain.
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 CLIENT_CLOSED = 499  # nginx's "client closed request"
+_NOT_WAITING = contextlib.nullcontext()  # no table of waiting attempts (the setting off)
 _NO_SPAN = contextlib.nullcontext()
 _STREAM_HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]
 ERROR_EXCERPT_BYTES = 500  # of a pod's 5xx body, quoted in the 502
@@ -141,6 +145,7 @@ class Proxy:
         in_flight: InFlightBounds,
         admission: Admission | None = None,
         tracing: Tracing | None = None,
+        awaiting: AwaitingPods | None = None,
     ) -> None:
         self._s = settings
         # The bounds on requests in flight: limits from these settings, counts shared
@@ -153,6 +158,8 @@ class Proxy:
         self._metrics = metrics
         self._admission = admission  # None: admission control is off, and costs nothing
         self._tracing = tracing  # None: tracing is off (the client's context still goes up)
+        # Attempts a lost pod gives up (shared across reloads, like the bounds); None: off.
+        self._awaiting = awaiting if settings.health.retry_in_flight_on_eject else None
         # ``handle`` is chosen once: with tracing off no request pays for its wrapper.
         self.handle = self._handle if tracing is None else self._traced_handle
         self._accounting = Accounting(metrics, router)
@@ -286,7 +293,7 @@ class Proxy:
             attempt = Attempt(pod, routed, arrived, model)
             attempts.append(attempt)
             try:
-                with self._upstream_span(attempt):
+                with self._upstream_span(attempt), self._waiting_on_pod(attempt):
                     await self._attempt(scope, send, parsed, attempt, headers, request_id, watch)
                 return
             except _PodFailure as exc:
@@ -302,9 +309,16 @@ class Proxy:
                 log.warning("pod %s failed before first byte (%s); retrying", pod.name, exc.cause)
                 await asyncio.sleep(backoff)
                 backoff *= 2
-            except asyncio.CancelledError:  # the client left: not the pod's fault
-                self._accounting.record(attempt, CLIENT_CLOSED, None)
-                raise
+            except asyncio.CancelledError:
+                if not attempt.lost or watch.gone:  # the client left: not the pod's fault
+                    self._accounting.record(attempt, CLIENT_CLOSED, None)
+                    raise
+                # Its pod was ejected for failing its probes (``gateway.awaiting``):
+                # the client has seen nothing, so another pod serves it.
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                last_error = GatewayError(502, f"pod '{pod.name}' stopped answering its probes")
+                self._accounting.record(attempt, 502, None)
+                self._metrics.retries.labels(model, "pod_lost").inc()
             finally:
                 self._router.finish(routed, None)  # no-op once recorded
         if last_error is not None:
@@ -435,6 +449,7 @@ class Proxy:
             gone = f"pod '{a.pod.name}' no longer serves model '{a.model}'"
             error = GatewayError(404, gone, code="model_not_found")
             raise _PodFailure(error, "model_gone", pod_fault=False)
+        self._answering(a)
         upstream.release()
         self._registry.request_succeeded(a.pod)
         self._accounting.record(a, upstream.status, usage_from_json(body))
@@ -458,6 +473,7 @@ class Proxy:
         started = self._s.stream_headers_early
         failure: tuple[int, str] | None = None  # (status, what the pod did)
         if started:
+            self._answering(a)
             await send(start)
         try:
             async with asyncio.timeout_at(first_byte_by):
@@ -476,6 +492,7 @@ class Proxy:
         if failure is not None:  # the client has the status line: no retry now
             await self._end_stream(send, a, *failure, watch, style)
             return
+        self._answering(a)
         a.ttft_s = time.perf_counter() - a.arrived
         self._router.first_token(a.routed)
         if not started:
@@ -566,6 +583,19 @@ class Proxy:
                                   "kvgate.reason": d.reason,
                                   "kvgate.predicted_ttft_s": d.predicted_ttft_s})  # fmt: skip
         return self._tracing.upstream(a.pod.name, a.pod.url)
+
+    def _waiting_on_pod(self, a: Attempt) -> contextlib.AbstractContextManager[None]:
+        """Where a lost pod finds ``a`` to give it up (``gateway.awaiting``), for as
+        long as ``a``'s call to the pod lasts: not in the retry handling after it."""
+        if self._awaiting is None:
+            return _NOT_WAITING
+        return self._awaiting.holding(a)
+
+    def _answering(self, a: Attempt) -> None:
+        """``a``'s client is about to see its first byte: from now on its answer cannot
+        change pods, so a lost pod no longer gives it up."""
+        if self._awaiting is not None:
+            self._awaiting.leave(a)
 
     # -- deadlines --
 

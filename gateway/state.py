@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from gateway import heap
 from gateway.admission import Admission, AdmissionMetrics
+from gateway.awaiting import AwaitingPods
 from gateway.config import PodConfig, Settings, SettingsSource
 from gateway.discovery import DiscoveryMetrics, PodDiscovery, RegistrySink
 from gateway.in_flight import InFlightBounds
@@ -64,6 +65,8 @@ class Gateway:
     # Built once admission control was first enabled, and kept while it is off again
     # (its metrics are registered once; waiters left when it was switched off drain).
     admission_control: Admission | None = None
+    # Requests waiting on pods, given up when their pod is lost (``gateway.awaiting``).
+    awaiting: AwaitingPods | None = None
 
     async def reconfigure(self, new: Settings, strategies: StrategySet) -> None:
         """Run with ``new`` settings from now on (``gateway.reload`` validated them, and
@@ -84,7 +87,8 @@ class Gateway:
         refollow = self.kv.use_settings(new, tokenizers)
         self.admission = self._admission_for(new)
         self.proxy = Proxy(new, self.upstream, self.registry, self.router, self.metrics,
-                           self.in_flight, self.admission, self.tracing)  # fmt: skip
+                           self.in_flight, self.admission, self.tracing,
+                           self.awaiting)  # fmt: skip
         if new.log_level != old.log_level:
             set_log_level(new.log_level)
         await self._apply_pods(old.pods, new.pods)
@@ -183,8 +187,10 @@ async def running_gateway(
             registry.on_models_gone(admission.models_gone)
         tracing = Tracing(settings.tracing) if settings.tracing.enabled else None
         in_flight = InFlightBounds(lambda bound: metrics.refused.labels(bound).inc())
+        awaiting = AwaitingPods()  # what a lost pod gives up, across reloads
+        registry.on_lost(awaiting.pod_lost)
         proxy = Proxy(settings, upstream, registry, router, metrics, in_flight, admission,
-                      tracing)  # fmt: skip
+                      tracing, awaiting)  # fmt: skip
         exposition = prometheus
         if worker is not None:
             from prometheus_client import multiprocess
@@ -197,7 +203,7 @@ async def running_gateway(
             )
         gw = Gateway(settings, registry, router, proxy, metrics, prometheus, client, kv, scale,
                      exposition, upstream, in_flight, admission, tracing,
-                     admission_control=admission)  # fmt: skip
+                     admission_control=admission, awaiting=awaiting)  # fmt: skip
         if source is not None:
             gw.reloader = Reloader(gw, source, ReloadMetrics(prometheus))
         await kv.warm_up(m for m in settings.models if router.uses_index(m))

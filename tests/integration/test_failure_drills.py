@@ -4,8 +4,12 @@ events, a real gateway in front, and the fault an SRE would cause before product
 from __future__ import annotations
 
 import signal
+import threading
+import time
 
 import httpx
+import openai
+import pytest
 
 from bench.gateway_proc import run_gateway
 from bench.polling import wait_for
@@ -72,3 +76,75 @@ def test_a_pod_ejected_for_a_blip_has_its_cache_relearnt_when_readmitted():
         assert r.headers["x-kvgate-pod"] == pod.name  # routed to the cache, and it hit
         assert r.headers["x-kvgate-predicted-cached-tokens"] == str(PROMPT_TOKENS)
         assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == PROMPT_TOKENS
+
+
+def _in_flight_at(gw, pod: str) -> float:
+    prefix = f'kvgate_pod_in_flight_requests{{pod="{pod}"}} '
+    for line in httpx.get(f"{gw}/metrics").text.splitlines():
+        if line.startswith(prefix):
+            return float(line.removeprefix(prefix))
+    return 0.0
+
+
+@pytest.mark.parametrize("retry_on_eject", [True, False])
+def test_a_request_held_by_a_pod_that_freezes_is_served_by_another_once_it_is_ejected(
+    retry_on_eject: bool,
+) -> None:
+    """A pod frozen mid-generation (SIGSTOP: a hung process, a node gone) keeps its
+    connections open and silent; a non-streamed request waited for ``total_s`` (900 s
+    by default). Ejected for failing its probes, the pod now gives the requests the
+    client has seen nothing of to another pod at once; with
+    ``health.retry_in_flight_on_eject`` off, the request waits for its deadline."""
+    env = model_env(
+        KVGATE_HEALTH__INTERVAL_S="0.3",
+        KVGATE_HEALTH__PROBE_TIMEOUT_S="0.3",
+        KVGATE_HEALTH__RETRY_IN_FLIGHT_ON_EJECT=str(retry_on_eject).lower(),
+        KVGATE_TIMEOUTS__FIRST_BYTE_S="15",
+        KVGATE_TIMEOUTS__TOTAL_S="15",
+    )
+    with (
+        sim_fleet(2, block_size=BLOCK, itl_s=0.02) as pods,
+        run_gateway([(p.name, p.url) for p in pods], "round-robin", env=env) as gw,
+    ):
+        client = openai.OpenAI(base_url=f"{gw}/v1", api_key="none", max_retries=0, timeout=30)
+        result: dict[str, object] = {}
+
+        def ask() -> None:
+            try:
+                raw = client.chat.completions.with_raw_response.create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": "a long answer, please"}],
+                    max_tokens=150,  # 3 s of decoding at 20 ms a token
+                )
+                result["pod"] = raw.headers["x-kvgate-pod"]
+                result["tokens"] = raw.parse().usage.completion_tokens
+            except openai.APIStatusError as exc:
+                result["status"] = exc.status_code
+            result["done"] = time.monotonic()
+
+        asker = threading.Thread(target=ask)
+        asker.start()
+        wait_for(lambda: any(_in_flight_at(gw, p.name) for p in pods), timeout=10, poll=0.02)
+        frozen = next(p for p in pods if _in_flight_at(gw, p.name))
+        other = next(p for p in pods if p is not frozen)
+        assert frozen.process is not None
+        frozen.process.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            wait_for(lambda: _healthy(gw, frozen.name, 0.0), timeout=10, poll=0.05)
+            asker.join(timeout=20)
+        finally:
+            frozen.process.send_signal(signal.SIGCONT)
+        assert not asker.is_alive()
+        metrics = httpx.get(f"{gw}/metrics").text
+        lost = f'kvgate_retries_total{{cause="pod_lost",model="{MODEL}"}} 1.0'
+        if retry_on_eject:
+            assert result.get("pod") == other.name, result
+            assert result.get("tokens") == 150
+            assert lost in metrics
+            # ejected within ~2 probe rounds, then 3 s of answer from the other pod,
+            # well before the deadline (15 s from arrival) the request used to wait for
+            assert float(result["done"]) - stopped < 10  # type: ignore[arg-type]
+        else:
+            assert result.get("status") == 504, result  # its deadline, total_s
+            assert 'cause="pod_lost"' not in metrics

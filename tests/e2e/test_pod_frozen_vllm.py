@@ -1,0 +1,93 @@
+"""A real vLLM pod that freezes mid-generation (SIGSTOP of its whole process group: a
+hung server whose connections stay open and silent). Its probes fail, the gateway
+ejects it, and the non-streamed request it was generating, of which the client has
+seen nothing, is served by the other pod at once (``gateway.awaiting``); before, it
+waited for ``timeouts.total_s`` (900 s by default) and ended in a 504.
+
+The pods are the session's; the frozen one is thawed before the test ends, and the
+request it held is aborted when the gateway closes its connection."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+
+from bench.gateway_proc import run_gateway
+from bench.polling import wait_for
+from bench.vllm_pods import MODEL_NAME, VllmServer
+
+NAMES = ("pod-a", "pod-b")
+TOTAL_S = 60  # the deadline the request would wait for without the retry
+
+
+def _in_flight(gw: str, pod: str) -> float:
+    prefix = f'kvgate_pod_in_flight_requests{{pod="{pod}"}} '
+    for line in httpx.get(f"{gw}/metrics", timeout=10).text.splitlines():
+        if line.startswith(prefix):
+            return float(line.removeprefix(prefix))
+    return 0.0
+
+
+def _healthy(gw: str, pod: str) -> bool:
+    return f'kvgate_pod_healthy{{pod="{pod}"}} 1.0' in httpx.get(f"{gw}/metrics").text
+
+
+def test_a_frozen_vllm_pods_request_is_answered_by_the_other_pod(
+    vllm_pods: list[VllmServer], tiny_tokenizer_dir: Path, nonce: str
+) -> None:
+    env = {
+        "KVGATE_MODELS": json.dumps({MODEL_NAME: {"tokenizer": str(tiny_tokenizer_dir)}}),
+        "KVGATE_HEALTH__INTERVAL_S": "0.5",
+        "KVGATE_HEALTH__PROBE_TIMEOUT_S": "1.0",
+        "KVGATE_TIMEOUTS__FIRST_BYTE_S": str(TOTAL_S),
+        "KVGATE_TIMEOUTS__TOTAL_S": str(TOTAL_S),
+    }
+    pods = list(zip(NAMES, vllm_pods, strict=True))
+    with run_gateway([(n, p.url) for n, p in pods], "round-robin", env=env) as gw:
+        wait_for(lambda: all(_healthy(gw, n) for n in NAMES), 30, what="both pods in rotation")
+        client = openai.OpenAI(base_url=f"{gw}/v1", api_key="none", max_retries=0, timeout=120)
+        result: dict[str, object] = {}
+
+        def ask() -> None:
+            try:
+                raw = client.completions.with_raw_response.create(
+                    model=MODEL_NAME,
+                    prompt=f"{nonce} a story that goes on",
+                    max_tokens=3000,  # seconds of decoding on a CPU pod (over 3 s at the fastest)
+                    extra_body={"ignore_eos": True},
+                )
+                result["pod"] = raw.headers["x-kvgate-pod"]
+                result["tokens"] = raw.parse().usage.completion_tokens  # type: ignore[union-attr]
+            except openai.APIStatusError as exc:
+                result["status"] = exc.status_code
+            except openai.APIError as exc:  # the assertions below show it
+                result["error"] = repr(exc)
+            result["done"] = time.monotonic()
+
+        asker = threading.Thread(target=ask)
+        asker.start()
+        wait_for(lambda: "done" in result or any(_in_flight(gw, n) for n in NAMES), 30,
+                 poll=0.02, what="the request at a pod")  # fmt: skip
+        at = [(n, p) for n, p in pods if _in_flight(gw, n)]
+        assert at, f"the request ended before its pod could be frozen: {result}"
+        frozen_name, frozen = at[0]
+        other = next(n for n in NAMES if n != frozen_name)
+        frozen.freeze()
+        stopped = time.monotonic()
+        try:
+            asker.join(timeout=TOTAL_S)
+        finally:
+            frozen.thaw()
+        wait_for(lambda: _healthy(gw, frozen_name), 60, what="the thawed pod back in rotation")
+
+    assert not asker.is_alive()
+    assert result.get("pod") == other, result
+    assert result.get("tokens") == 3000
+    # ejected after two failed probes, then the whole answer again from the other pod,
+    # long before the deadline the request used to wait for
+    assert float(result["done"]) - stopped < TOTAL_S / 2  # type: ignore[arg-type]
