@@ -32,6 +32,7 @@ from bench.peers import PEERS, PeerUnavailable, PodEndpoint, run_peer
 from bench.podstats import (
     FleetStats,
     collect,
+    gateway_loop_stalls,
     gateway_prediction_error,
     gateway_ttft_ms,
     routing_decision_ms,
@@ -105,6 +106,7 @@ class Cell:
     decision_ms: float | None = None  # kvgate only: tokenize + lookup + choose
     gateway_ttft_ms: float | None = None  # kvgate only: its arrival to the pod's first byte
     gateway_prediction_error: float | None = None  # kvgate only: on its own clock
+    loop_stalls: int | None = None  # kvgate only: 100 ms loop samples woken > 20 ms late
     # Every request's result (``kvgate bench real`` writes them out, one row each).
     results: list[RequestResult] = field(default_factory=list, repr=False)
     skipped: str = ""
@@ -302,6 +304,7 @@ def run_cell(plan: FleetPlan, workload: Workload, tier: str, load: Load, router:
                     cell.decision_ms = routing_decision_ms(routers.urls[0])
                     cell.gateway_ttft_ms = gateway_ttft_ms(routers.urls[0])
                     cell.gateway_prediction_error = gateway_prediction_error(routers.urls[0])
+                    cell.loop_stalls = gateway_loop_stalls(routers.urls[0])
                     cell.gateway_rss_mib = [rss_mib(pid) for pid in routers.pids]
                     if routers.redis_url:
                         cell.redis_mib = redis_used_mib(routers.redis_url)

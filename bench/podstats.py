@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 _CROSS_KEYS = ("cross_pod_hit", "l2_cross_pod_hit", "foreign_hit", "remote_hit")
@@ -154,16 +155,23 @@ def histogram_median(buckets: dict[float, float]) -> float | None:
     return lower
 
 
+def _gateway_families(gateway_url: str) -> list[Metric] | None:
+    """kvgate's ``/metrics``, parsed with its labels; None: no (well-formed) answer."""
+    try:
+        text = httpx.get(f"{gateway_url}/metrics", timeout=5.0).text
+        return list(text_string_to_metric_families(text))
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
 def gateway_prediction_error(gateway_url: str) -> float | None:
     """Median of kvgate's own |predicted - observed| / observed TTFT, from its
     ``kvgate_predicted_ttft_relative_error`` histogram (every strategy together; a
     cell runs one). Observed on the gateway's clock, from the request's arrival to the
     pod's first byte: what the prediction is of, without the load generator's share
     of the machine. None when nothing was predicted or the gateway did not answer."""
-    try:
-        text = httpx.get(f"{gateway_url}/metrics", timeout=5.0).text
-        families = list(text_string_to_metric_families(text))
-    except (httpx.HTTPError, ValueError):
+    families = _gateway_families(gateway_url)
+    if families is None:
         return None
     buckets: dict[float, float] = {}
     for fam in families:
@@ -185,6 +193,28 @@ def _gateway_mean_ms(gateway_url: str, histogram: str) -> float | None:
         return None
     count = m.get(f"{histogram}_count", 0.0)
     return m.get(f"{histogram}_sum", 0.0) / count * 1000 if count else None
+
+
+def gateway_loop_stalls(gateway_url: str, late_s: float = 0.02) -> int | None:
+    """How many of kvgate's event-loop samples (one each 100 ms,
+    ``kvgate_event_loop_lag_seconds``) woke more than ``late_s`` late: a stall of the
+    gateway's own loop, which delays every request it holds, told apart from a pod's.
+    ``late_s`` must be one of the histogram's bucket bounds. None: no answer."""
+    families = _gateway_families(gateway_url)
+    if families is None:
+        return None
+    count = on_time = None
+    for fam in families:
+        if fam.name != "kvgate_event_loop_lag_seconds":
+            continue
+        for sample in fam.samples:
+            if sample.name.endswith("_count"):
+                count = (count or 0.0) + sample.value
+            elif sample.name.endswith("_bucket") and float(sample.labels["le"]) == late_s:
+                on_time = (on_time or 0.0) + sample.value
+    if count is None or on_time is None:
+        return None
+    return int(count - on_time)
 
 
 def routing_decision_ms(gateway_url: str) -> float | None:

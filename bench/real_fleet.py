@@ -113,6 +113,8 @@ class RealCell:
     # from a request's arrival there to the pod's first byte there.
     decision_ms: float | None = None
     gateway_ttft_mean_ms: float | None = None
+    # kvgate only: its event loop's samples (one each 100 ms) that woke > 20 ms late.
+    loop_stalls: int | None = None
 
     @property
     def added_ms(self) -> float | None:
@@ -164,6 +166,7 @@ class RouterSummary:
     decision_median_ms: float | None = None
     to_pod_median_ms: float | None = None
     beyond_gateway_median_ms: float | None = None
+    loop_stalls: int | None = None  # kvgate only: summed over seeds (RealCell)
 
 
 @dataclass
@@ -326,6 +329,7 @@ def _real_cell(
         rc.ttft_mean_ms = None if math.isnan(s.ttft_mean_ms) else s.ttft_mean_ms
     rc.gateway_prediction_error = c.gateway_prediction_error
     rc.decision_ms, rc.gateway_ttft_mean_ms = c.decision_ms, c.gateway_ttft_ms
+    rc.loop_stalls = c.loop_stalls
     return rc
 
 
@@ -401,6 +405,10 @@ def warm_up(plan: RealPlan, specs: list[str], urls: list[str], console: Console)
 
 def _ms(value: float | None, digits: int = 2) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _count(value: int | None) -> str:
+    return "n/a" if value is None else str(value)
 
 
 def _share(fit: PrefillFit) -> str:
@@ -480,6 +488,11 @@ def _median(values: Iterable[float | None]) -> float | None:
     return statistics.median(present) if present else None
 
 
+def _sum_known(values: Iterable[int | None]) -> int | None:
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None
+
+
 def summarize(cells: Sequence[RealCell]) -> list[RouterSummary]:
     groups: dict[tuple[str, str, str], list[RealCell]] = {}
     for c in cells:
@@ -511,6 +524,7 @@ def summarize(cells: Sequence[RealCell]) -> list[RouterSummary]:
                 _median(c.decision_ms for c in runs),
                 _median(c.to_pod_ms for c in runs),
                 _median(c.beyond_gateway_ms for c in runs),
+                loop_stalls=_sum_known(c.loop_stalls for c in runs),
             )
         )
     return sorted(out, key=_report_order)
@@ -648,6 +662,7 @@ def print_summaries(console: Console, summaries: Sequence[RouterSummary]) -> Non
         "kvgate: choosing",
         "to pod",
         "beyond",
+        "loop stalls",
     ):
         table.add_column(col, justify="left" if col in ("workload", "load", "router") else "right")
     for s in summaries:
@@ -671,6 +686,7 @@ def print_summaries(console: Console, summaries: Sequence[RouterSummary]) -> Non
             _ms(s.decision_median_ms, 1),
             _ms(s.to_pod_median_ms, 1),
             _ms(s.beyond_gateway_median_ms, 1),
+            _count(s.loop_stalls),
         )
     console.print(table)
     for v in verdicts(summaries):
@@ -756,13 +772,16 @@ def write_report(
         f"the pods' TTFT: the send, the pod's server before its engine and the byte's way "
         f"back) and *beyond* (the client's mean TTFT less `kvgate_ttft_seconds`: the "
         f"request's way to the gateway, the relay to the client and the client's own) "
-        f"(means per cell, medians over seeds).",
+        f"(means per cell, medians over seeds). *loop stalls*: kvgate's event loop "
+        f"samples itself every 100 ms (`kvgate_event_loop_lag_seconds`); the samples that "
+        f"woke more than 20 ms late, summed over seeds: a stall of the gateway's own "
+        f"loop, which delays every request it holds, told apart from a pod's.",
         "",
         "| workload | load | router | seeds | TTFT p90 median ms | p90 worst ms | p50 median ms "
         "| p99 worst ms | cached | busiest pod | TTFT pred. error | kvgate's own pred. error "
         "| errors | machine ms | pods' TTFT ms | added ms | kvgate: choosing ms | to pod ms "
-        "| beyond ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| beyond ms | loop stalls |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *(
             f"| {s.workload} | {s.load} | {s.router} | {s.seeds} | {s.p90_median_ms:.0f} | "
             f"{s.p90_worst_ms:.0f} | {s.p50_median_ms:.0f} | {s.p99_worst_ms:.0f} | "
@@ -771,7 +790,7 @@ def write_report(
             f"{pct(s.gateway_prediction_error)} | {s.errors} | {_ms(s.machine_ms_median)} | "
             f"{_ms(s.pod_ttft_median_ms, 1)} | {_ms(s.added_median_ms, 1)} | "
             f"{_ms(s.decision_median_ms, 1)} | {_ms(s.to_pod_median_ms, 1)} | "
-            f"{_ms(s.beyond_gateway_median_ms, 1)} |"
+            f"{_ms(s.beyond_gateway_median_ms, 1)} | {_count(s.loop_stalls)} |"
             for s in summaries
         ),
         "",

@@ -11,6 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from bench.podstats import (
+    gateway_loop_stalls,
     gateway_prediction_error,
     gateway_ttft_ms,
     histogram_median,
@@ -26,6 +27,15 @@ def cell(router: str, seed: int, p90: float, cached: float = 0.8, per_pod=(5, 5)
 
 def by_router(cells):
     return {s.router: s for s in summarize(cells)}
+
+
+def chat_rows_of_the_report(cells, summaries, out):
+    """The chat rows of the report.md that ``write_report`` writes for them into ``out``."""
+    from bench.calibrate import PrefillFit
+    from bench.real_fleet import RealPlan, write_report
+
+    write_report(RealPlan(), PrefillFit(0.001, 20_000.0, ()), {}, cells, summaries, out)
+    return [r for r in (out / "report.md").read_text().splitlines() if "| chat |" in r]
 
 
 def test_a_router_is_summarised_by_its_median_and_worst_p90_never_its_best():
@@ -126,9 +136,6 @@ def test_kvgates_own_prediction_error_is_the_median_over_seeds():
 
 
 def test_the_machines_speed_is_the_median_over_a_routers_cells_and_is_in_the_report(tmp_path):
-    from bench.calibrate import PrefillFit
-    from bench.real_fleet import RealPlan, write_report
-
     cells = [cell("kv-aware", s, 50) for s in range(3)] + [cell("round-robin", 0, 60)]
     for c, ms in zip(cells, (0.9, 1.4, 1.3, None), strict=True):
         c.machine_ms = ms
@@ -136,10 +143,9 @@ def test_the_machines_speed_is_the_median_over_a_routers_cells_and_is_in_the_rep
     by = {s.router: s for s in summaries}
     assert (by["kv-aware"].machine_ms_median, by["round-robin"].machine_ms_median) == (1.3, None)
 
-    write_report(RealPlan(), PrefillFit(0.001, 20_000.0, ()), {}, cells, summaries, tmp_path)
-    rows = [r for r in (tmp_path / "report.md").read_text().splitlines() if "| chat |" in r]
-    assert rows[0].endswith("| 1.30 | n/a | n/a | n/a | n/a | n/a |")
-    assert rows[1].endswith("| n/a | n/a | n/a | n/a | n/a | n/a |")
+    rows = chat_rows_of_the_report(cells, summaries, tmp_path)
+    assert rows[0].endswith("| 1.30 | n/a | n/a | n/a | n/a | n/a | n/a |")
+    assert rows[1].endswith("| n/a | n/a | n/a | n/a | n/a | n/a | n/a |")
 
 
 def test_the_speed_effect_compares_each_cell_with_its_own_routers_mean():
@@ -212,6 +218,29 @@ def test_kvgates_own_error_is_read_from_its_histogram_over_http():
     finally:
         server.shutdown()
     assert error == pytest.approx(0.15)  # rank 2 of 4: the first of the two in (0.1, 0.2]
+
+
+def test_kvgates_loop_stalls_are_its_lag_samples_over_20_ms_summed_over_seeds(tmp_path):
+    from gateway.loop_lag import LoopLagMonitor
+
+    registry = CollectorRegistry()
+    lag = LoopLagMonitor(registry).histogram  # the gateway's own histogram, its buckets
+    for late_s in (0.0001, 0.004, 0.019, 0.021, 0.3):
+        lag.observe(late_s)
+    server = _serve_metrics(generate_latest(registry))
+    try:
+        assert gateway_loop_stalls(f"http://127.0.0.1:{server.server_address[1]}") == 2
+    finally:
+        server.shutdown()
+
+    cells = [cell("kv-aware", s, 50) for s in range(3)] + [cell("round-robin", 0, 60)]
+    for c, stalls in zip(cells, (2, 0, None, None), strict=True):
+        c.loop_stalls = stalls
+    summaries = summarize(cells)
+    by = {s.router: s for s in summaries}
+    assert (by["kv-aware"].loop_stalls, by["round-robin"].loop_stalls) == (2, None)
+    rows = chat_rows_of_the_report(cells, summaries, tmp_path)
+    assert rows[0].endswith("| 2 |") and rows[1].endswith("| n/a |")
 
 
 def _serve_metrics(body: bytes) -> ThreadingHTTPServer:
@@ -359,9 +388,9 @@ def test_every_measured_request_is_a_row_of_requests_jsonl_and_append_replaces_r
     assert not path.exists()
 
 
-def test_pods_run_under_nice_when_asked_and_pinned_inside_it(tmp_path):
-    """``--pod-nice N``: the whole server (API server, engine core, workers) inherits the
-    niceness; without it the command is the plain pinned one."""
+def test_pods_run_under_nice_by_default_and_pinned_inside_it(tmp_path):
+    """``--pod-nice N`` (10 unless asked): the whole server (API server, engine core,
+    workers) inherits the niceness; at 0 the command is the plain pinned one."""
     from bench.vllm_pods import VllmServer
 
     def command(**kw):
@@ -369,7 +398,8 @@ def test_pods_run_under_nice_when_asked_and_pinned_inside_it(tmp_path):
 
     assert command(niceness=10)[:6] == ["nice", "-n", "10", "taskset", "-c", "1"]
     assert command(niceness=10)[6] == "/py"
-    assert command()[:4] == ["taskset", "-c", "1", "/py"]
+    assert command()[:3] == ["nice", "-n", "10"]
+    assert command(niceness=0)[:4] == ["taskset", "-c", "1", "/py"]
 
 
 def test_the_real_benchmark_cli_passes_pod_nice_to_the_plan(monkeypatch, tmp_path):
