@@ -109,9 +109,9 @@ def _add_real(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-pin", action="store_true", help="let the pods share every core "
                    "(default: one pod per core)")  # fmt: skip
     p.add_argument("--pod-nice", type=int, default=10, metavar="N",
-                   help="run the pods under `nice -n N`, so that routers and the load "
-                   "generator on the same cores run when they wake (default 10; 0: "
-                   "everyone's priority)")  # fmt: skip
+                   help="run the pods at nice N (`nice -n N` and their sessions' "
+                   "autogroups), so that routers and the load generator on the same "
+                   "cores run when they wake (default 10; 0: everyone's priority)")  # fmt: skip
     p.add_argument(
         "--no-warm-up",
         action="store_true",

