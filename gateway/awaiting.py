@@ -10,18 +10,25 @@ eject it; from then on nothing new goes there, and the requests it holds are doo
 too. When a pod is ejected for failing its probes (``PodRegistry.on_lost``), every
 request still waiting on it and of which the client has seen nothing (no status
 line, no byte) is cancelled and goes to another pod, as a connect error would
-(``health.retry_in_flight_on_eject``; a request whose client has its status line
-goes on waiting: its answer cannot change pods).
+(``health.retry_in_flight_on_eject``).
+
+A stream whose client has its status line cannot change pods. It is told its pod was
+lost (``QuietWatch.pod_lost``) and ends with an SSE error event once the pod has sent
+it nothing for a probe interval, instead of after ``stream_idle_s`` (60 s by default)
+or, before its first byte, ``first_byte_s``: a stream the lost pod still feeds goes
+on, so a pod too busy to answer its probes in time does not lose its answers.
 
 One table per process, kept across reloads like the in-flight bounds; an entry
-lives from an attempt's dispatch to its first byte towards the client (or its end),
-so it holds at most the requests in flight (``max_requests_in_flight``).
+lives while an attempt waits on its pod: from dispatch to its first byte towards the
+client (or its end), and while a stream is relayed. So it holds at most the requests
+in flight (``max_requests_in_flight``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Protocol
 
 from gateway.accounting import Attempt
 from gateway.pods import Pod
@@ -29,14 +36,24 @@ from gateway.pods import Pod
 log = logging.getLogger("kvgate.awaiting")
 
 
+class QuietWatch(Protocol):
+    """A stream's watch on its pod's silence (the proxy's ``_QuietPod``)."""
+
+    def pod_lost(self) -> None:
+        """The pod failed its probes: end the stream once it is quiet for a probe
+        interval (at once if it has been already)."""
+
+
 class AwaitingPods:
     """Attempts in flight whose client has seen nothing yet, by pod."""
 
-    __slots__ = ("_by_pod",)
+    __slots__ = ("_by_pod", "_relaying")
 
     def __init__(self) -> None:
         # pod name -> id(attempt) -> (attempt, the request's task)
         self._by_pod: dict[str, dict[int, tuple[Attempt, asyncio.Task[object]]]] = {}
+        # pod name -> id(attempt) -> the watch of a stream whose client has its status
+        self._relaying: dict[str, dict[int, QuietWatch]] = {}
 
     def holding(self, a: Attempt) -> AttemptWaiting:
         """``with`` around the attempt's call: it waits on its pod from entry until it
@@ -60,19 +77,43 @@ class AwaitingPods:
         if waiting is not None and waiting.pop(id(a), None) is not None and not waiting:
             del self._by_pod[a.pod.name]
 
+    def relaying(self, a: Attempt, quiet: QuietWatch) -> StreamRelaying:
+        """``with`` around the part of a stream that waits on its pod after its client
+        has the status line: a lost pod tells ``quiet``."""
+        return StreamRelaying(self, a, quiet)
+
     def pod_lost(self, pod: Pod) -> None:
         """``pod`` stopped answering its probes: cancel what waits on it, to be retried
-        (the proxy tells this cancellation from a client's leaving by ``a.lost``)."""
+        (the proxy tells this cancellation from a client's leaving by ``a.lost``), and
+        tell the streams it feeds."""
         waiting = self._by_pod.pop(pod.name, {})
         for a, task in waiting.values():
             a.lost = True
             task.cancel()
-        if waiting:
-            log.warning("pod %s lost with %d requests waiting on it: retried elsewhere",
-                        pod.name, len(waiting))  # fmt: skip
+        relaying = self._relaying.pop(pod.name, {})
+        for quiet in relaying.values():
+            quiet.pod_lost()
+        if waiting or relaying:
+            log.warning("pod %s lost with %d requests waiting on it (retried elsewhere) "
+                        "and %d streams (ended if it stays quiet)",
+                        pod.name, len(waiting), len(relaying))  # fmt: skip
 
     def waiting(self, pod: str) -> int:
         return len(self._by_pod.get(pod, ()))
+
+    def relayed(self, pod: str) -> int:
+        return len(self._relaying.get(pod, ()))
+
+    def _relay_started(self, a: Attempt, quiet: QuietWatch) -> None:
+        relaying = self._relaying.get(a.pod.name)
+        if relaying is None:
+            relaying = self._relaying[a.pod.name] = {}
+        relaying[id(a)] = quiet
+
+    def _relay_ended(self, a: Attempt) -> None:
+        relaying = self._relaying.get(a.pod.name)
+        if relaying is not None and relaying.pop(id(a), None) is not None and not relaying:
+            del self._relaying[a.pod.name]
 
 
 class AttemptWaiting:
@@ -89,3 +130,20 @@ class AttemptWaiting:
 
     def __exit__(self, *exc: object) -> None:
         self._table.leave(self._a)
+
+
+class StreamRelaying:
+    """``AwaitingPods.relaying``'s context manager."""
+
+    __slots__ = ("_a", "_quiet", "_table")
+
+    def __init__(self, table: AwaitingPods, a: Attempt, quiet: QuietWatch) -> None:
+        self._table = table
+        self._a = a
+        self._quiet = quiet
+
+    def __enter__(self) -> None:
+        self._table._relay_started(self._a, self._quiet)
+
+    def __exit__(self, *exc: object) -> None:
+        self._table._relay_ended(self._a)

@@ -244,7 +244,8 @@ class HealthSettings(Section):
     probe_timeout_s: Seconds = 2.0
     eject_after_failed_probes: int = Field(default=2, ge=1)
     # Requests a pod ejected for failed probes holds, of which the client has seen
-    # nothing, go to another pod at once (gateway.awaiting), not at their deadline.
+    # nothing, go to another pod at once (gateway.awaiting), not at their deadline; its
+    # streams end once it has sent them nothing for interval_s, not stream_idle_s.
     retry_in_flight_on_eject: bool = True
     eject_after_failed_requests: int = Field(default=3, ge=1)
     readmit_after_successes: int = Field(default=2, ge=1)

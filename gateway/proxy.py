@@ -11,7 +11,9 @@ Rules (the request lifecycle):
   the whole answer within ``total_s``; a pod that misses one answers 504 and, like a
   connect error, counts toward its ejection (a pod that hangs is taken out). A pod
   ejected for failing its probes gives up at once the requests it holds of which the
-  client has seen nothing: they are retried elsewhere (``gateway.awaiting``). A
+  client has seen nothing: they are retried elsewhere (``gateway.awaiting``); a
+  stream whose client has its status line ends with an SSE error event once that pod
+  has sent it nothing for a probe interval, instead of ``stream_idle_s``. A
   non-streamed answer has only ``total_s``: vLLM sends it whole once generated, so
   its first byte is its last, and ``first_byte_s`` would cut every generation longer
   than it (and eject healthy pods for it);
@@ -86,31 +88,61 @@ class _QuietPod:
     """Ends a stream whose pod sends nothing for ``idle_s``, through the stream's own
     timeout ``deadline``. A chunk costs storing the time it was relayed; the timer
     re-arms itself at most once per ``idle_s``, instead of a new timer for every chunk.
-    Time spent sending to the client (a slow reader) is not the pod's silence."""
+    Time spent sending to the client (a slow reader) is not the pod's silence.
 
-    __slots__ = ("_deadline", "_handle", "_idle_s", "_loop", "fired", "last", "sending")
+    ``idle_s`` None: no limit until the pod is lost (``pod_lost``: it failed its
+    probes, ``gateway.awaiting``); from then on the limit is ``lost_grace_s``, a
+    probe interval, and a stream quiet for that long already ends at once."""
+
+    __slots__ = ("_deadline", "_handle", "_idle_s", "_loop", "fired", "last", "lost",
+                 "lost_grace_s", "sending")  # fmt: skip
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, deadline: asyncio.Timeout, idle_s: float
+        self,
+        loop: asyncio.AbstractEventLoop,
+        deadline: asyncio.Timeout,
+        idle_s: float | None,
+        lost_grace_s: float,
     ) -> None:
         self._loop = loop
         self._deadline = deadline
         self._idle_s = idle_s
+        self.lost_grace_s = lost_grace_s
         self.last = loop.time()  # the last chunk's relay, or the watch's start
         self.sending = False
         self.fired = False
-        self._handle = loop.call_at(self.last + idle_s, self._check)
+        self.lost = False
+        self._handle: asyncio.Handle | None = None
+        if idle_s is not None:
+            self._handle = loop.call_at(self.last + idle_s, self._check)
+
+    def pod_lost(self) -> None:
+        self.lost = True
+        if self._idle_s is None or self._idle_s > self.lost_grace_s:
+            self._idle_s = self.lost_grace_s
+        self.stop()
+        self._check()
 
     def _check(self) -> None:
+        assert self._idle_s is not None  # armed only with a limit
         now = self._loop.time()
         if not self.sending and now - self.last >= self._idle_s:
             self.fired = True
+            self._handle = None
             self._deadline.reschedule(now)  # the relay gets TimeoutError
         else:
             self._handle = self._loop.call_at(max(now, self.last) + self._idle_s, self._check)
 
+    def what(self, waited_for: str) -> str:
+        """Why it fired, for the SSE error event."""
+        if self.lost:
+            return f"stopped answering its probes and sent {waited_for} for {self._idle_s:g} s"
+        return f"sent {waited_for} for {self._idle_s:g} s"
+
     def stop(self) -> None:
-        self._handle.cancel()
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 class _PodFailure(Exception):
@@ -475,20 +507,29 @@ class Proxy:
         if started:
             self._answering(a)
             await send(start)
+        quiet: _QuietPod | None = None  # with the status line out: told if the pod is lost
         try:
-            async with asyncio.timeout_at(first_byte_by):
-                with span("kvgate.first_byte"):
+            async with asyncio.timeout_at(first_byte_by) as first_wait:
+                if started and self._awaiting is not None:
+                    quiet = _QuietPod(loop, first_wait, None, self._s.health.interval_s)
+                with span("kvgate.first_byte"), self._relaying(a, quiet):
                     first = await anext(chunks, b"")
         except TimeoutError:
             if not started:
                 raise self._timed_out(a, "sent no first byte in time") from None
-            failure = (504, "sent no first byte in time")
+            if quiet is not None and quiet.fired:
+                failure = (502, quiet.what("no first byte"))
+            else:
+                failure = (504, "sent no first byte in time")
         except UpstreamDropped as exc:
             if not started:
                 raise _PodFailure(
                     GatewayError(502, f"pod '{a.pod.name}' failed: {exc}"), "dropped"
                 ) from None
             failure = (502, f"failed: {exc}")
+        finally:
+            if quiet is not None:
+                quiet.stop()
         if failure is not None:  # the client has the status line: no retry now
             await self._end_stream(send, a, *failure, watch, style)
             return
@@ -540,9 +581,9 @@ class Proxy:
             async with asyncio.timeout_at(
                 self._deadline(loop, a, self._s.timeouts.total_s)
             ) as deadline:
-                if idle_s is not None:
-                    quiet = _QuietPod(loop, deadline, idle_s)
-                with span("kvgate.stream"):
+                if idle_s is not None or self._awaiting is not None:
+                    quiet = _QuietPod(loop, deadline, idle_s, self._s.health.interval_s)
+                with span("kvgate.stream"), self._relaying(a, quiet):
                     async for chunk in chunks:
                         tail += chunk
                         if len(tail) > 2 * USAGE_TAIL_BYTES:
@@ -556,7 +597,8 @@ class Proxy:
                             quiet.last = loop.time()
         except TimeoutError:
             if quiet is not None and quiet.fired:
-                failure = (504, f"sent nothing for {idle_s:g} s mid-stream")
+                status = 502 if quiet.lost else 504
+                failure = (status, quiet.what("nothing") + " mid-stream")
             else:
                 failure = (504, "timed out mid-stream")
         except UpstreamDropped as exc:
@@ -590,6 +632,15 @@ class Proxy:
         if self._awaiting is None:
             return _NOT_WAITING
         return self._awaiting.holding(a)
+
+    def _relaying(
+        self, a: Attempt, quiet: _QuietPod | None
+    ) -> contextlib.AbstractContextManager[None]:
+        """Where a lost pod finds the stream ``a`` it feeds (its client has the status
+        line) to tell its ``quiet`` watch (``gateway.awaiting``)."""
+        if self._awaiting is None or quiet is None:
+            return _NOT_WAITING
+        return self._awaiting.relaying(a, quiet)
 
     def _answering(self, a: Attempt) -> None:
         """``a``'s client is about to see its first byte: from now on its answer cannot

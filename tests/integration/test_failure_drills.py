@@ -148,3 +148,51 @@ def test_a_request_held_by_a_pod_that_freezes_is_served_by_another_once_it_is_ej
         else:
             assert result.get("status") == 504, result  # its deadline, total_s
             assert 'cause="pod_lost"' not in metrics
+
+
+@pytest.mark.parametrize("act_on_eject", [True, False])
+def test_a_stream_whose_pod_freezes_mid_answer_ends_once_the_pod_is_ejected(
+    act_on_eject: bool,
+) -> None:
+    """A stream whose client has bytes cannot change pods. Its pod frozen mid-answer,
+    the stream used to wait ``stream_idle_s`` (60 s by default) for the next chunk;
+    once the pod is ejected for failing its probes, a stream it has sent nothing for
+    a probe interval ends at once with an SSE error event the client can act on."""
+    env = model_env(
+        KVGATE_HEALTH__INTERVAL_S="0.3",
+        KVGATE_HEALTH__PROBE_TIMEOUT_S="0.3",
+        KVGATE_HEALTH__RETRY_IN_FLIGHT_ON_EJECT=str(act_on_eject).lower(),
+        KVGATE_TIMEOUTS__STREAM_IDLE_S="8",
+    )
+    with (
+        sim_fleet(2, block_size=BLOCK, itl_s=0.02) as pods,
+        run_gateway([(p.name, p.url) for p in pods], "round-robin", env=env) as gw,
+    ):
+        client = openai.OpenAI(base_url=f"{gw}/v1", api_key="none", max_retries=0, timeout=30)
+        stream = client.chat.completions.with_raw_response.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "a long answer, please"}],
+            max_tokens=300,  # 6 s of decoding at 20 ms a token
+            stream=True,
+        )
+        frozen = next(p for p in pods if p.name == stream.headers["x-kvgate-pod"])
+        assert frozen.process is not None
+        chunks = iter(stream.parse())
+        for _ in range(5):
+            next(chunks)  # the client has its first chunks
+        frozen.process.send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            with pytest.raises(openai.APIError) as info:
+                for _ in chunks:
+                    pass
+            ended_s = time.monotonic() - stopped
+        finally:
+            frozen.process.send_signal(signal.SIGCONT)
+        if act_on_eject:
+            assert "stopped answering its probes" in str(info.value)
+            # ejected within ~2-3 probe rounds of 0.3 s, then at once: it was quiet
+            assert ended_s < 4, ended_s
+        else:
+            assert "sent nothing for 8 s mid-stream" in str(info.value)
+            assert ended_s >= 7.5, ended_s

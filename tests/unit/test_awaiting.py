@@ -94,3 +94,27 @@ async def test_an_attempt_whose_call_failed_is_not_given_up_during_its_retry_han
     assert awaiting.waiting("a") == 0
     awaiting.pod_lost(pod)
     assert await task == "retried"
+
+
+class _Watch:
+    def __init__(self) -> None:
+        self.told = 0
+
+    def pod_lost(self) -> None:
+        self.told += 1
+
+
+async def test_a_lost_pod_tells_the_streams_it_feeds_and_no_other_pods() -> None:
+    """A stream whose client has its status line cannot change pods: its watch is told
+    (the proxy's ``_QuietPod`` then ends it if the pod stays quiet), while it relays."""
+    lost, kept = Pod(PodConfig(name="a", url="http://a")), Pod(PodConfig(name="b", url="http://b"))
+    awaiting = AwaitingPods()
+    on_lost, on_kept, finished = _Watch(), _Watch(), _Watch()
+    with awaiting.relaying(_attempt(lost), finished):
+        pass  # a stream that ended before the pod was lost
+    with awaiting.relaying(_attempt(lost), on_lost), awaiting.relaying(_attempt(kept), on_kept):
+        assert (awaiting.relayed("a"), awaiting.relayed("b")) == (1, 1)
+        awaiting.pod_lost(lost)
+        assert (on_lost.told, on_kept.told, finished.told) == (1, 0, 0)
+        assert (awaiting.relayed("a"), awaiting.relayed("b")) == (0, 1)
+    assert awaiting.relayed("b") == 0
