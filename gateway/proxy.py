@@ -126,12 +126,14 @@ class _QuietPod:
     def _check(self) -> None:
         assert self._idle_s is not None  # armed only with a limit
         now = self._loop.time()
-        if not self.sending and now - self.last >= self._idle_s:
+        if self.sending:  # a slow client's time is not the pod's silence: look again later
+            self._handle = self._loop.call_at(now + self._idle_s, self._check)
+        elif now - self.last >= self._idle_s:
             self.fired = True
             self._handle = None
             self._deadline.reschedule(now)  # the relay gets TimeoutError
-        else:
-            self._handle = self._loop.call_at(max(now, self.last) + self._idle_s, self._check)
+        else:  # due when the pod will have been quiet for idle_s since its last chunk
+            self._handle = self._loop.call_at(self.last + self._idle_s, self._check)
 
     def what(self, waited_for: str) -> str:
         """Why it fired, for the SSE error event."""

@@ -54,3 +54,24 @@ async def test_without_an_idle_limit_nothing_fires_until_the_pod_is_lost() -> No
     quiet, took_s, timed_out = await _relay(None, lose_after_s=1.0, idle_s=None)
     assert timed_out and quiet.fired
     assert took_s == pytest.approx(1.0, abs=0.15)
+
+
+async def test_a_pod_gone_quiet_mid_stream_is_found_idle_s_after_its_last_chunk() -> None:
+    """The timer is not re-armed per chunk, but where it is re-armed matters: from the
+    check (as it was) a pod quiet since just after one check was found up to 2x
+    ``idle_s`` later; from the last chunk, ``idle_s`` later."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    async with asyncio.timeout(5.0) as deadline:
+        quiet = _QuietPod(loop, deadline, idle_s=0.5, lost_grace_s=0.2)
+        try:
+            while loop.time() - start < 0.55:  # chunks past the first check (at 0.5 s)
+                await asyncio.sleep(0.02)
+                quiet.last = loop.time()
+            last_chunk = loop.time()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.sleep(5)  # the pod's silence
+        finally:
+            quiet.stop()
+            assert quiet.fired
+            assert loop.time() - last_chunk == pytest.approx(0.5, abs=0.1)
