@@ -195,4 +195,4 @@ def test_a_stream_whose_pod_freezes_mid_answer_ends_once_the_pod_is_ejected(
             assert ended_s < 4, ended_s
         else:
             assert "sent nothing for 8 s mid-stream" in str(info.value)
-            assert ended_s >= 7.5, ended_s
+            assert 7.5 <= ended_s < 9.5, ended_s  # stream_idle_s after its last chunk
