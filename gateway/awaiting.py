@@ -45,7 +45,8 @@ class QuietWatch(Protocol):
 
 
 class AwaitingPods:
-    """Attempts in flight whose client has seen nothing yet, by pod."""
+    """By pod: the attempts in flight whose client has seen nothing yet, and the
+    streams being relayed to a client that has its status line."""
 
     __slots__ = ("_by_pod", "_relaying")
 
@@ -104,13 +105,15 @@ class AwaitingPods:
     def relayed(self, pod: str) -> int:
         return len(self._relaying.get(pod, ()))
 
-    def _relay_started(self, a: Attempt, quiet: QuietWatch) -> None:
+    def start_relay(self, a: Attempt, quiet: QuietWatch) -> None:
+        """``a``'s stream waits on its pod from now (``relaying``)."""
         relaying = self._relaying.get(a.pod.name)
         if relaying is None:
             relaying = self._relaying[a.pod.name] = {}
         relaying[id(a)] = quiet
 
-    def _relay_ended(self, a: Attempt) -> None:
+    def end_relay(self, a: Attempt) -> None:
+        """``a``'s stream no longer waits on its pod."""
         relaying = self._relaying.get(a.pod.name)
         if relaying is not None and relaying.pop(id(a), None) is not None and not relaying:
             del self._relaying[a.pod.name]
@@ -143,7 +146,7 @@ class StreamRelaying:
         self._quiet = quiet
 
     def __enter__(self) -> None:
-        self._table._relay_started(self._a, self._quiet)
+        self._table.start_relay(self._a, self._quiet)
 
     def __exit__(self, *exc: object) -> None:
-        self._table._relay_ended(self._a)
+        self._table.end_relay(self._a)
