@@ -344,12 +344,16 @@ class Proxy:
                 await asyncio.sleep(backoff)
                 backoff *= 2
             except asyncio.CancelledError:
-                if not attempt.lost or watch.gone:  # the client left: not the pod's fault
+                task = asyncio.current_task()
+                assert task is not None  # a request is always served from a task
+                # Its pod was ejected for failing its probes (``gateway.awaiting``) and
+                # nothing else stopped it (the client leaving, or the server shutting
+                # down in the same moment: then cancelling() counts both): the client
+                # has seen nothing, so another pod serves it.
+                if not attempt.lost or watch.gone or task.cancelling() > 1:
                     self._accounting.record(attempt, CLIENT_CLOSED, None)
                     raise
-                # Its pod was ejected for failing its probes (``gateway.awaiting``):
-                # the client has seen nothing, so another pod serves it.
-                asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                task.uncancel()
                 last_error = GatewayError(502, f"pod '{pod.name}' stopped answering its probes")
                 self._accounting.record(attempt, 502, None)
                 self._metrics.retries.labels(model, "pod_lost").inc()
