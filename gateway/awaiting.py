@@ -27,13 +27,16 @@ in flight (``max_requests_in_flight``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from gateway.accounting import Attempt
 from gateway.pods import Pod
 
 log = logging.getLogger("kvgate.awaiting")
+_OUTSIDE_A_TASK = contextlib.nullcontext()  # nothing to cancel: not waited on
+V = TypeVar("V")
 
 
 class QuietWatch(Protocol):
@@ -44,55 +47,98 @@ class QuietWatch(Protocol):
         interval (at once if it has been already)."""
 
 
+class _ByPod(Generic[V]):
+    """pod name -> id(attempt) -> V; a pod's inner dict goes when it empties."""
+
+    __slots__ = ("_by_pod",)
+
+    def __init__(self) -> None:
+        self._by_pod: dict[str, dict[int, V]] = {}
+
+    def add(self, a: Attempt, value: V) -> None:
+        entries = self._by_pod.get(a.pod.name)
+        if entries is None:
+            entries = self._by_pod[a.pod.name] = {}
+        entries[id(a)] = value
+
+    def remove(self, a: Attempt) -> None:
+        entries = self._by_pod.get(a.pod.name)
+        if entries is not None and entries.pop(id(a), None) is not None and not entries:
+            del self._by_pod[a.pod.name]
+
+    def take(self, pod: str) -> list[V]:
+        """Every entry of ``pod``, removed."""
+        return list(self._by_pod.pop(pod, {}).values())
+
+    def count(self, pod: str) -> int:
+        return len(self._by_pod.get(pod, ()))
+
+
+class _Entry(Generic[V]):
+    """``with``: ``a`` is in ``table`` (as ``value``) from entry to exit, however the
+    block ends."""
+
+    __slots__ = ("_a", "_table", "_value")
+
+    def __init__(self, table: _ByPod[V], a: Attempt, value: V) -> None:
+        self._table = table
+        self._a = a
+        self._value = value
+
+    def __enter__(self) -> None:
+        self._table.add(self._a, self._value)
+
+    def __exit__(self, *exc: object) -> None:
+        self._table.remove(self._a)
+
+
 class AwaitingPods:
     """By pod: the attempts in flight whose client has seen nothing yet, and the
     streams being relayed to a client that has its status line."""
 
-    __slots__ = ("_by_pod", "_relaying")
+    __slots__ = ("_relaying", "_waiting")
 
     def __init__(self) -> None:
-        # pod name -> id(attempt) -> (attempt, the request's task)
-        self._by_pod: dict[str, dict[int, tuple[Attempt, asyncio.Task[object]]]] = {}
-        # pod name -> id(attempt) -> the watch of a stream whose client has its status
-        self._relaying: dict[str, dict[int, QuietWatch]] = {}
+        # the attempts whose client has seen nothing, with the request's task
+        self._waiting: _ByPod[tuple[Attempt, asyncio.Task[object]]] = _ByPod()
+        # the watch of each stream whose client has its status line
+        self._relaying: _ByPod[QuietWatch] = _ByPod()
 
-    def holding(self, a: Attempt) -> AttemptWaiting:
-        """``with`` around the attempt's call: it waits on its pod from entry until it
-        answers its client (``leave``) or the call ends, however it ends, so that none
-        of the caller's handling after it (a retry's backoff) can be cancelled for it."""
-        return AttemptWaiting(self, a)
+    def holding(self, a: Attempt) -> contextlib.AbstractContextManager[None]:
+        """``with`` around the attempt's call, from its task: it waits on its pod from
+        entry until it answers its client (``leave``) or the call ends, however it
+        ends, so that none of the caller's handling after it (a retry's backoff) can be
+        cancelled for it."""
+        task = asyncio.current_task()
+        if task is None:
+            return _OUTSIDE_A_TASK
+        return _Entry(self._waiting, a, (a, task))
 
     def enter(self, a: Attempt) -> None:
         """``a`` was dispatched from the current task."""
         task = asyncio.current_task()
-        if task is None:
-            return
-        waiting = self._by_pod.get(a.pod.name)
-        if waiting is None:
-            waiting = self._by_pod[a.pod.name] = {}
-        waiting[id(a)] = (a, task)
+        if task is not None:
+            self._waiting.add(a, (a, task))
 
     def leave(self, a: Attempt) -> None:
         """``a`` ended, or is about to send its client a first byte."""
-        waiting = self._by_pod.get(a.pod.name)
-        if waiting is not None and waiting.pop(id(a), None) is not None and not waiting:
-            del self._by_pod[a.pod.name]
+        self._waiting.remove(a)
 
-    def relaying(self, a: Attempt, quiet: QuietWatch) -> StreamRelaying:
+    def relaying(self, a: Attempt, quiet: QuietWatch) -> contextlib.AbstractContextManager[None]:
         """``with`` around the part of a stream that waits on its pod after its client
         has the status line: a lost pod tells ``quiet``."""
-        return StreamRelaying(self, a, quiet)
+        return _Entry(self._relaying, a, quiet)
 
     def pod_lost(self, pod: Pod) -> None:
         """``pod`` stopped answering its probes: cancel what waits on it, to be retried
         (the proxy tells this cancellation from a client's leaving by ``a.lost``), and
         tell the streams it feeds."""
-        waiting = self._by_pod.pop(pod.name, {})
-        for a, task in waiting.values():
+        waiting = self._waiting.take(pod.name)
+        for a, task in waiting:
             a.lost = True
             task.cancel()
-        relaying = self._relaying.pop(pod.name, {})
-        for quiet in relaying.values():
+        relaying = self._relaying.take(pod.name)
+        for quiet in relaying:
             quiet.pod_lost()
         if waiting or relaying:
             log.warning("pod %s lost with %d requests waiting on it (retried elsewhere) "
@@ -100,53 +146,7 @@ class AwaitingPods:
                         pod.name, len(waiting), len(relaying))  # fmt: skip
 
     def waiting(self, pod: str) -> int:
-        return len(self._by_pod.get(pod, ()))
+        return self._waiting.count(pod)
 
     def relayed(self, pod: str) -> int:
-        return len(self._relaying.get(pod, ()))
-
-    def start_relay(self, a: Attempt, quiet: QuietWatch) -> None:
-        """``a``'s stream waits on its pod from now (``relaying``)."""
-        relaying = self._relaying.get(a.pod.name)
-        if relaying is None:
-            relaying = self._relaying[a.pod.name] = {}
-        relaying[id(a)] = quiet
-
-    def end_relay(self, a: Attempt) -> None:
-        """``a``'s stream no longer waits on its pod."""
-        relaying = self._relaying.get(a.pod.name)
-        if relaying is not None and relaying.pop(id(a), None) is not None and not relaying:
-            del self._relaying[a.pod.name]
-
-
-class AttemptWaiting:
-    """``AwaitingPods.holding``'s context manager."""
-
-    __slots__ = ("_a", "_table")
-
-    def __init__(self, table: AwaitingPods, a: Attempt) -> None:
-        self._table = table
-        self._a = a
-
-    def __enter__(self) -> None:
-        self._table.enter(self._a)
-
-    def __exit__(self, *exc: object) -> None:
-        self._table.leave(self._a)
-
-
-class StreamRelaying:
-    """``AwaitingPods.relaying``'s context manager."""
-
-    __slots__ = ("_a", "_quiet", "_table")
-
-    def __init__(self, table: AwaitingPods, a: Attempt, quiet: QuietWatch) -> None:
-        self._table = table
-        self._a = a
-        self._quiet = quiet
-
-    def __enter__(self) -> None:
-        self._table.start_relay(self._a, self._quiet)
-
-    def __exit__(self, *exc: object) -> None:
-        self._table.end_relay(self._a)
+        return self._relaying.count(pod)
