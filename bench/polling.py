@@ -55,10 +55,19 @@ def http_status(url: str, timeout: float = 1.0) -> int | None:
         return None
 
 
-def metric_value(exposition: str, name: str) -> float:
-    """Sum of every sample of ``name`` (all label sets) in Prometheus text."""
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in exposition.splitlines()
-        if line.startswith(name + "{") or line.startswith(name + " ")
-    )
+def metric_value(exposition: str, name: str, **labels: str) -> float:
+    """Sum of every sample of ``name`` in Prometheus text whose labels include
+    ``labels`` (none given: all label sets). Label values are matched whole, as
+    written (``pod="a"``), so none may hold a comma."""
+    wanted = [f'{key}="{value}"' for key, value in labels.items()]
+    total = 0.0
+    for line in exposition.splitlines():
+        if not (line.startswith(name + "{") or line.startswith(name + " ")):
+            continue
+        head, value = line.rsplit(" ", 1)
+        if wanted:
+            present = head[len(name) + 1 : -1].split(",") if head.endswith("}") else []
+            if not all(w in present for w in wanted):
+                continue
+        total += float(value)
+    return total

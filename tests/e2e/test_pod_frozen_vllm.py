@@ -19,7 +19,7 @@ import httpx
 import openai
 
 from bench.gateway_proc import run_gateway
-from bench.polling import wait_for
+from bench.polling import metric_value, wait_for
 from bench.vllm_pods import MODEL_NAME, VllmServer
 
 NAMES = ("pod-a", "pod-b")
@@ -27,11 +27,8 @@ TOTAL_S = 60  # the deadline the request would wait for without the retry
 
 
 def _in_flight(gw: str, pod: str) -> float:
-    prefix = f'kvgate_pod_in_flight_requests{{pod="{pod}"}} '
-    for line in httpx.get(f"{gw}/metrics", timeout=10).text.splitlines():
-        if line.startswith(prefix):
-            return float(line.removeprefix(prefix))
-    return 0.0
+    metrics = httpx.get(f"{gw}/metrics", timeout=10).text
+    return metric_value(metrics, "kvgate_pod_in_flight_requests", pod=pod)
 
 
 def _healthy(gw: str, pod: str) -> bool:

@@ -54,3 +54,19 @@ def test_metric_value_sums_every_label_set_of_one_metric_only():
 
     assert metric_value(text, "kvgate_requests_total") == 7.0
     assert metric_value(text, "kvgate_up") == 1.0
+
+
+def test_metric_value_keeps_the_label_sets_that_include_the_labels_asked_for():
+    text = (
+        'kvgate_pod_in_flight_requests{pod="a"} 2.0\n'
+        'kvgate_pod_in_flight_requests{pod="ab"} 5.0\n'
+        'kvgate_retries_total{cause="pod_lost",model="m"} 1.0\n'
+        'kvgate_retries_total{cause="connect",model="m"} 4.0\n'
+        "kvgate_up 1.0\n"
+    )
+
+    assert metric_value(text, "kvgate_pod_in_flight_requests", pod="a") == 2.0  # not "ab"
+    assert metric_value(text, "kvgate_pod_in_flight_requests", pod="c") == 0.0
+    assert metric_value(text, "kvgate_retries_total", model="m") == 5.0
+    assert metric_value(text, "kvgate_retries_total", model="m", cause="pod_lost") == 1.0
+    assert metric_value(text, "kvgate_up", pod="a") == 0.0  # no labels to match
