@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 import threading
 import time
@@ -26,6 +25,7 @@ import httpx
 from rich.progress import Progress
 
 from bench.gateway_proc import run_gateway
+from bench.overhead import process_cpu_s
 from bench.tinymodel import ensure_tokenizer
 from bench.vllm_pods import (
     MODEL_NAME,
@@ -37,12 +37,6 @@ from bench.vllm_pods import (
 )
 
 SLOW_POLL_S = 0.3
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` (clock ticks: 10 ms resolution)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_delay_s(pid: int) -> float:
@@ -65,11 +59,11 @@ def one_request(gw: str, max_tokens: int) -> tuple[float, list[tuple[float, floa
     asker.start()
     slow = []
     while not done.is_set():
-        cpu0, delay0, t0 = cpu_s(gw.pid), run_delay_s(gw.pid), time.monotonic()
+        cpu0, delay0, t0 = process_cpu_s(gw.pid), run_delay_s(gw.pid), time.monotonic()
         httpx.get(f"{gw}/metrics", timeout=60)
         took = time.monotonic() - t0
         if took > SLOW_POLL_S:
-            slow.append((took, cpu_s(gw.pid) - cpu0, run_delay_s(gw.pid) - delay0))
+            slow.append((took, process_cpu_s(gw.pid) - cpu0, run_delay_s(gw.pid) - delay0))
         time.sleep(0.02)
     asker.join()
     return time.monotonic() - started, slow
