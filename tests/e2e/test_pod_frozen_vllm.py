@@ -132,6 +132,7 @@ def test_a_frozen_vllm_pods_stream_ends_once_the_pod_is_ejected(
             pods[frozen_name].thaw()
         wait_for(lambda: _healthy(gw, frozen_name), 60, what="the thawed pod back in rotation")
 
+    print(f"\nthe stream ended {ended_s:.2f} s after the stop")  # docs/deploy.md's number
     assert "stopped answering its probes" in error, error
     # ejected after two failed probes (0.5 s apart, 1 s each), then at once: quiet since
     assert ended_s < TOTAL_S / 4, ended_s

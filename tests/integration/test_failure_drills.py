@@ -185,6 +185,7 @@ def test_a_stream_whose_pod_freezes_mid_answer_ends_once_the_pod_is_ejected(
             ended_s = time.monotonic() - stopped
         finally:
             frozen.process.send_signal(signal.SIGCONT)
+        print(f"\nthe stream ended {ended_s:.2f} s after the freeze")  # docs/deploy.md's number
         if act_on_eject:
             assert "stopped answering its probes" in str(info.value)
             # ejected within ~2-3 probe rounds of 0.3 s, then at once: it was quiet
