@@ -69,8 +69,10 @@ TINY = {
 }
 
 PREFILL_TOKENS = (128, 256, 512, 1024, 2048, 4096, 8192)
+LINE_TOKENS = (1024, 4096)  # the prefill line's range (--tiny: all it measured)
 CACHED_CONTEXTS = (0, 1024, 4096, 8192)
 NEW_TOKENS_BEHIND_CACHE = 512
+BATCHED_PREFILL_TOKENS = 2048
 DECODE_BATCHES = (1, 8, 32, 64)
 DECODE_CONTEXT = 1024
 COPY_TOKENS = (16, 64, 256, 1024, 4096)
@@ -252,6 +254,83 @@ def _median_behind(timer: _Timer, model: Any, new_ids: Any, base: Any, reps: int
     return timer.median(prefill, 2, reps, setup=fresh)
 
 
+def measure_attention_behind_cache(
+    torch: Any,
+    timer: _Timer,
+    device: str,
+    shape: dict[str, Any],
+    contexts: Sequence[int],
+    new_tokens: int,
+    progress: _Progress,
+    reps: int,
+) -> list[dict[str, Any]]:
+    """One layer's attention of ``new_tokens`` queries over ``cached + new`` keys, by kernel.
+
+    ``flash`` is the flash kernel with the causal mask aligned bottom-right (what vLLM's
+    flash attention computes for a prefill behind a cached prefix); ``masked`` is SDPA
+    with the mask materialised, the path transformers takes behind a cache. A kernel
+    this machine lacks (flash on a CPU) is recorded as None.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    heads = shape["num_attention_heads"]
+    head_dim = shape["hidden_size"] // heads
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    rows: list[dict[str, Any]] = []
+    for cached in contexts:
+        total = cached + new_tokens
+        q = torch.randn(1, heads, new_tokens, head_dim, device=device, dtype=dtype)
+        k = torch.randn(1, heads, total, head_dim, device=device, dtype=dtype)
+        v = torch.randn(1, heads, total, head_dim, device=device, dtype=dtype)
+        bias = causal_lower_right(new_tokens, total)
+        # The same mask as a tensor: new token i sees every cached key and new keys <= i.
+        mask = torch.ones(new_tokens, total, dtype=torch.bool, device=device).tril(cached)
+        runs: dict[str, Callable[[], object]] = {
+            "flash": lambda q=q, k=k, v=v, bias=bias: sdpa(q, k, v, attn_mask=bias),
+            "masked": lambda q=q, k=k, v=v, mask=mask: sdpa(q, k, v, attn_mask=mask),
+        }
+        for kernel, attend in runs.items():
+            backend = SDPBackend.FLASH_ATTENTION if kernel == "flash" else None
+            try:
+                if backend is None:
+                    seconds: float | None = timer.median(attend, 2, reps)
+                else:
+                    with sdpa_kernel(backend):
+                        seconds = timer.median(attend, 2, reps)
+            except RuntimeError:  # no such kernel here
+                seconds = None
+            rows.append({"cached_tokens": cached, "new_tokens": new_tokens,
+                         "kernel": kernel, "seconds_per_layer": seconds})  # fmt: skip
+        progress.step(f"attention behind {cached} cached")
+    return rows
+
+
+def measure_batched_prefill(
+    torch: Any,
+    model: Any,
+    timer: _Timer,
+    device: str,
+    vocab: int,
+    tokens: int,
+    progress: _Progress,
+    reps: int,
+) -> list[dict[str, float]]:
+    """Two prompts of ``tokens`` prefilled in one forward, against one of each length.
+
+    An engine puts prefills that arrive together into one step: whether that step costs
+    what the tokens cost one after another is what the simulator's prefill lane assumes.
+    """
+    rows = []
+    for batch, length in ((1, tokens), (2, tokens), (1, 2 * tokens)):
+        ids = torch.randint(0, vocab, (batch, length), device=device)
+        seconds = timer.median(lambda ids=ids: _forward(model, ids, use_cache=False), 2, reps)
+        rows.append({"batch": batch, "tokens": length, "seconds": seconds})
+        progress.step(f"prefill {batch} x {length} tokens: {seconds * 1e3:.1f} ms")
+    return rows
+
+
 def measure_decode(
     torch: Any,
     model: Any,
@@ -404,7 +483,9 @@ def run(device: str, shape: dict[str, Any], scratch: Path, reps: int) -> dict[st
     contexts = CACHED_CONTEXTS[:2] if tiny else CACHED_CONTEXTS
     batches = DECODE_BATCHES[:2] if tiny else DECODE_BATCHES
     copy_tokens = COPY_TOKENS[:3] if tiny else COPY_TOKENS
-    total = len(prefill_tokens) + len(contexts) + len(batches) + 2 * len(copy_tokens) + 2
+    batched_tokens = 128 if tiny else BATCHED_PREFILL_TOKENS
+    steps = (prefill_tokens, contexts, contexts, batches, copy_tokens, copy_tokens)
+    total = sum(len(s) for s in steps) + 3 + 2  # + batched prefills, + copy and model
     progress = _Progress(total)
     result: dict[str, Any] = {"device": device, "shape": shape, "torch": torch.__version__}
     try:
@@ -434,6 +515,9 @@ def run(device: str, shape: dict[str, Any], scratch: Path, reps: int) -> dict[st
                 progress,
                 reps,
             )
+            batched = measure_batched_prefill(
+                torch, model, timer, device, vocab, batched_tokens, progress, reps
+            )
             decode = measure_decode(
                 torch,
                 model,
@@ -448,6 +532,9 @@ def run(device: str, shape: dict[str, Any], scratch: Path, reps: int) -> dict[st
         del model
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
+        attention = measure_attention_behind_cache(
+            torch, timer, device, shape, contexts, NEW_TOKENS_BEHIND_CACHE, progress, reps
+        )
         host = measure_host_to_gpu(torch, timer, device, shape, copy_tokens, progress)
         with tempfile.TemporaryDirectory(dir=scratch) as directory:
             files, dropped = measure_file_to_gpu(
@@ -455,14 +542,21 @@ def run(device: str, shape: dict[str, Any], scratch: Path, reps: int) -> dict[st
             )
     finally:
         progress.stop()
-    # The line through prefill up to 4k tokens, where attention's quadratic term is small;
-    # the 8k point shows how far the line is off past it.
-    linear = [r for r in prefill if r["tokens"] <= 4096]
+    # The line through the compute-bound prefills, 1k-4k tokens. Below 1k an eager
+    # forward is bound by the host CPU's kernel launches (two H200 runs: 18 and 32 ms at
+    # 128 tokens), which says nothing of the GPU; past 4k attention's quadratic term
+    # bends the curve up, and the 8k point shows how far.
+    linear = [r for r in prefill if tiny or LINE_TOKENS[0] <= r["tokens"] <= LINE_TOKENS[1]]
     result.update(
         {
             "prefill": prefill,
-            "prefill_fit": _fit_summary(linear, "tokens"),
+            "prefill_fit": {
+                **_fit_summary(linear, "tokens"),
+                "tokens": [linear[0]["tokens"], linear[-1]["tokens"]],
+            },
             "behind_cache": behind,
+            "attention_behind_cache": attention,
+            "batched_prefill": batched,
             "decode": decode,
             "decode_fit": _fit_summary(decode, "batch"),
             "host_to_gpu": host,
@@ -485,7 +579,9 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         f"{result['weight_bytes'] / 1e9:.1f} GB -> decode floor "
         f"{result['decode_floor_s'] * 1e3:.2f} ms",
         f"prefill: alpha {p['intercept_s'] * 1e3:.1f} ms, {1 / p['slope_s']:,.0f} tokens/s "
-        f"(worst residual {p['worst_relative_residual']:.1%} up to 4k tokens)",
+        f"(line through {p['tokens'][0]}-{p['tokens'][1]} tokens, worst residual "
+        f"{p['worst_relative_residual']:.1%}); the shortest prefill, "
+        f"{result['prefill'][0]['seconds'] * 1e3:.1f} ms, bounds the fixed cost from above",
     ]
     for r in result["prefill"]:
         line = p["intercept_s"] + p["slope_s"] * r["tokens"]
@@ -495,6 +591,21 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         lines.append(
             f"  {r['new_tokens']} new behind {r['cached_tokens']:>5} cached "
             f"{r['seconds'] * 1e3:8.1f} ms"
+        )
+    layers = result["shape"]["num_hidden_layers"]
+    for r in result.get("attention_behind_cache", []):
+        per_layer = r["seconds_per_layer"]
+        took = "no such kernel here" if per_layer is None else f"{per_layer * layers * 1e3:.2f} ms"
+        lines.append(
+            f"  attention alone, {r['kernel']:>6}, {r['new_tokens']} new behind "
+            f"{r['cached_tokens']:>5} cached, x {layers} layers: {took}"
+        )
+    batched = {(r["batch"], r["tokens"]): r["seconds"] for r in result.get("batched_prefill", [])}
+    if batched:
+        n = min(t for _, t in batched)
+        lines.append(
+            f"prefill in one forward: 1 x {n} tokens {batched[1, n] * 1e3:.1f} ms, 2 x {n} "
+            f"{batched[2, n] * 1e3:.1f} ms, 1 x {2 * n} {batched[1, 2 * n] * 1e3:.1f} ms"
         )
     steps = ", ".join(f"{r['batch']}: {r['seconds'] * 1e3:.1f} ms" for r in result["decode"])
     lines.append(
@@ -531,7 +642,8 @@ def plot_result(result: dict[str, Any], path: Path) -> None:
     tiers.plot(*zip(*measured, strict=True), "o-", label="prefill (recompute)")
     span = [measured[0][0], measured[-1][0]]
     line = [(fit["intercept_s"] + fit["slope_s"] * n) * 1e3 for n in span]
-    tiers.plot(span, line, ":", color="grey", label="its line (the profile's)")
+    tiers.plot(span, line, ":", color="grey",
+               label=f"line through {fit['tokens'][0]}-{fit['tokens'][1]} tokens")  # fmt: skip
     for key, label in (("host_to_gpu", "load from host DRAM (L1)"),
                        ("file_to_gpu", "load from a local file")):  # fmt: skip
         points = [(r["tokens"], r["seconds"] * 1e3) for r in result[key]]
@@ -540,9 +652,18 @@ def plot_result(result: dict[str, Any], path: Path) -> None:
               title=f"{result.get('gpu', result['device'])}: n tokens' KV on the GPU")  # fmt: skip
     tiers.legend()
     rows = result["behind_cache"]
-    behind.plot([r["cached_tokens"] for r in rows], [r["seconds"] * 1e3 for r in rows], "o-")
+    cached = [r["cached_tokens"] for r in rows]
+    behind.plot(cached, [r["seconds"] * 1e3 for r in rows], "o-", label="whole model")
+    layers = result["shape"]["num_hidden_layers"]
+    for kernel in ("flash", "masked"):
+        timed = [(r["cached_tokens"], r["seconds_per_layer"] * layers * 1e3)
+                 for r in result.get("attention_behind_cache", [])
+                 if r["kernel"] == kernel and r["seconds_per_layer"] is not None]  # fmt: skip
+        if timed:
+            behind.plot(*zip(*timed, strict=True), "s--", label=f"attention alone, {kernel}")
     behind.set(xlabel="cached tokens before them", ylabel="ms", ylim=(0, None),
                title=f"prefill of {rows[0]['new_tokens']} new tokens")  # fmt: skip
+    behind.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -8,8 +8,8 @@ with the same numbers, so a benchmark measures routing, not a model mismatch.
 
 Sources are in the comments next to each number. ``original`` is fitted to the
 original deployment's published points; ``h200-llama8b`` takes its prefill, host
-DRAM and memory-bandwidth numbers from ``python3 -m bench.gpu_timing`` on a real
-H200 (``docs/bench-gpu/gpu_timing.json``); the L40S and H100 profiles are derived
+DRAM and memory-bandwidth numbers from ``python3 -m bench.gpu_timing`` on real
+H200s (``docs/bench-gpu/run-*/gpu_timing.json``); the L40S and H100 profiles are derived
 from datasheets with stated efficiency assumptions: treat them as plausible, not
 measured.
 """
@@ -189,35 +189,37 @@ def _h100_llama8b() -> Profile:
     )
 
 
-# Where ``h200-llama8b``'s numbers come from (``python3 -m bench.gpu_timing``).
-H200_MEASUREMENT = "docs/bench-gpu/gpu_timing.json"
+# Where ``h200-llama8b``'s numbers come from: two runs of ``python3 -m bench.gpu_timing``.
+H200_MEASUREMENTS = ("docs/bench-gpu/run-1/gpu_timing.json", "docs/bench-gpu/run-2/gpu_timing.json")
 
 
 def _h200_llama8b() -> Profile:
-    # Measured on one H200 (141 GB HBM3e) of a lease machine, 2026-12-04, with a
-    # Llama-3.1-8B-shaped bf16 model in transformers (SDPA), numbers in H200_MEASUREMENT.
+    # Measured on H200s (141 GB HBM3e) of two lease machines, 2026-12-04, with a
+    # Llama-3.1-8B-shaped bf16 model in transformers (SDPA); H200_MEASUREMENTS.
     timing = PodTiming(
-        # The least-squares line through the prefills of 128-4,096 uncached tokens:
-        # 10.4 ms + 26.7 us a token. It is 25% under the 128-token point (18 ms: eager
-        # launches, which vLLM's CUDA graphs cut) and 13% over the 8,192-token one
-        # (attention's quadratic term). Same compute as an H100: it replaces the 25k
-        # tokens/s the H100 profile assumes (40% MFU) with ~530 TFLOP/s achieved.
-        overhead_s=0.0104,
-        prefill_tokens_per_s=37_400.0,
+        # The line through the compute-bound prefills (1,024-4,096 uncached tokens) is
+        # 33.5k tokens/s in one run and 35.0k in the other: ~550 TFLOP/s. It replaces the
+        # H100 profile's guess of 25k (same matmul rate). The fixed cost is not a GPU
+        # number: transformers' eager launches put a floor of 18 and 32 ms (the two
+        # machines' host CPUs) under the shortest prefill, which vLLM's CUDA graphs cut;
+        # the compute line's intercept is 0.6-3.8 ms. 10 ms, the H100 estimate, lies
+        # between.
+        overhead_s=0.010,
+        prefill_tokens_per_s=34_000.0,
         kv_bytes_per_token=LLAMA31_8B_KV_BYTES_PER_TOKEN,
         # Pinned host memory to the GPU, one copy per layer for K and for V (64 copies a
-        # load), 16-4,096 tokens: 0.17 ms + bytes / 55.1 GB/s (within 0.5% of each point).
-        l1=TierTiming(0.00017, 55.1e9),
+        # load), 16-4,096 tokens: 0.17 / 0.31 ms + bytes / 55.1 / 56.1 GB/s.
+        l1=TierTiming(0.0003, 55e9),
         # Not measured: the lease has no shared filesystem. Its local disk read 2-512 MiB
-        # files into pinned memory at ~1.7 GB/s (2.4 ms for one 16-token file), a floor
-        # for one NVMe; a shared pool striped over many is faster. The H100 profile's
-        # estimate is kept, so the two differ only in what was measured.
+        # files into pinned memory at ~1.7 GB/s (2.2-2.4 ms for one 16-token file), a
+        # floor for one disk; a shared pool striped over many is faster. The H100
+        # profile's estimate is kept, so the two differ only in what was measured.
         l2=TierTiming(0.010, 10e9),
-        # 16.1 GB of weights / 4.26 TB/s (a measured device-to-device copy) = 3.8 ms is
-        # the floor of a decode step; +30% for launches and sampling is an estimate
-        # (transformers' eager step, 57-92 ms, is Python-bound and says nothing of vLLM).
+        # 16.1 GB of weights / 4.20-4.26 TB/s (a measured device-to-device copy) =
+        # 3.8 ms is the floor of a decode step; +30% for launches and sampling is an
+        # estimate (transformers' eager step, 57-93 ms, is Python-bound: not vLLM's).
         itl_base_s=0.005,
-        itl_per_seq_s=0.00007,  # ~2k tokens x 128 KiB / 4.26 TB/s per running sequence
+        itl_per_seq_s=0.00007,  # ~2k tokens x 128 KiB / 4.2 TB/s per running sequence
     )
     return Profile(
         name="h200-llama8b",
