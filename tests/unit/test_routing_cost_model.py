@@ -86,6 +86,20 @@ def test_predict_ttft_always_recomputes_at_least_one_token():
     assert m.predict_ttft_s(IDLE, 100, 0, 0, 100) == pytest.approx(0.001)
 
 
+def test_a_prefill_behind_cached_tokens_pays_for_reading_their_keys():
+    m = CostModel.from_dict(
+        {"prefill_tokens_per_s": 1000.0, "prefill_overhead_s": 0.0,
+         "prefill_s_per_cached_token": 0.0002}
+    )  # fmt: skip
+    # 100 new tokens behind 3,000 cached (L0 and L1 alike): 0.1 s + 3,000 x 0.2 ms.
+    l1_load = m.load_s(Tier.L1, 1000)
+    assert m.predict_ttft_s(IDLE, 2000, 1000, 0, 3100) == pytest.approx(0.1 + 0.6 + l1_load)
+    # A full hit still recomputes its last token, and reads the keys of the rest.
+    assert m.predict_ttft_s(IDLE, 3100, 0, 0, 3100) == pytest.approx(0.001 + 3099 * 0.0002)
+    assert m.predict_ttft_s(IDLE, 0, 0, 0, 3100) == pytest.approx(3.1)  # nothing cached
+    assert CostModel().prefill_s_per_cached_token == 0.0  # the defaults charge nothing
+
+
 def test_fill_s_is_the_loads_plus_per_token_prefill_without_the_fixed_overhead():
     m = CostModel()
     assert m.fill_s(0, 0, 0) == 0.0
@@ -114,6 +128,7 @@ def test_from_dict_overlays_nested_tiers_and_keeps_the_rest():
         {"prefill_tokens_per_s": 0},
         {"l1": {"bandwidth_bytes_per_s": -1}},
         {"prefill_overhead_s": -0.1},
+        {"prefill_s_per_cached_token": -1e-6},
     ],
 )
 def test_from_dict_rejects_typos_and_impossible_values(bad):
