@@ -60,6 +60,7 @@ class Profile:
             "l2_bandwidth_bytes_per_s": t.l2.bandwidth_bytes_per_s,
             "itl_s": t.itl_base_s,
             "itl_per_seq_s": t.itl_per_seq_s,
+            "prefill_s_per_cached_token": t.prefill_s_per_cached_token,
             "l0_capacity_blocks": self.blocks(self.l0_capacity_tokens, block_size),
             "max_num_seqs": self.max_num_seqs,
         }
@@ -84,6 +85,7 @@ def cost_model_for(t: PodTiming, block_size: int = 16) -> CostModel:
         l1=TierCost(t.l1.bandwidth_bytes_per_s, t.l1.latency_s, base.l1.min_speedup),
         l2=TierCost(t.l2.bandwidth_bytes_per_s, t.l2.latency_s, base.l2.min_speedup),
         decode_s_per_running=t.itl_per_seq_s * 5,  # ~5 decode steps share our prefill
+        prefill_s_per_cached_token=t.prefill_s_per_cached_token,
         block_size=block_size,
     )
 
@@ -220,6 +222,9 @@ def _h200_llama8b() -> Profile:
         # estimate (transformers' eager step, 57-93 ms, is Python-bound: not vLLM's).
         itl_base_s=0.005,
         itl_per_seq_s=0.00007,  # ~2k tokens x 128 KiB / 4.2 TB/s per running sequence
+        # One layer's flash attention of 512 new tokens behind 0-8,192 cached ones, x 32
+        # layers: 2.0 ms + ~1.15 us per cached token (run 2).
+        prefill_s_per_cached_token=1.15e-6,
     )
     return Profile(
         name="h200-llama8b",

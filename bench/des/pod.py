@@ -144,7 +144,9 @@ class DesPod:
     def _lane_s(self, job: Job, queued: bool) -> float:
         """The job's time in the prefill lane, starting now (``PodTiming.lane_s``)."""
         assert job.plan is not None
-        return self.timing.lane_s(job.plan.uncached_tokens, self.running - 1, queued, self._rng)
+        plan = job.plan
+        return self.timing.lane_s(plan.uncached_tokens, self.running - 1, queued, self._rng,
+                                  plan.cached_tokens)  # fmt: skip
 
     def _prefilled(self, job: object, now: float) -> None:
         assert isinstance(job, Job) and job.plan is not None

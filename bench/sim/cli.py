@@ -25,6 +25,7 @@ _TIMED = {
     "itl_ms": ("itl_s", 1e-3),
     "itl_per_seq_ms": ("itl_per_seq_s", 1e-3),
     "prefill_ms_per_running": ("prefill_s_per_running", 1e-3),
+    "prefill_us_per_cached_token": ("prefill_s_per_cached_token", 1e-6),
     "queued_overhead_share": ("queued_overhead_share", 1.0),
     "kv_bytes_per_token": ("kv_bytes_per_token", 1),
     "l0_capacity_blocks": ("l0_capacity_blocks", 1),
@@ -64,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--prefill-ms-per-running", type=float, default=None,
       help="added to a prefill per other running request (default 0; a CPU engine's "
            "steps carry the running batch)")  # fmt: skip
+    a("--prefill-us-per-cached-token", type=float, default=None,
+      help="added to a prefill per cached token before it (default 0; attention reads "
+           "the cached keys)")  # fmt: skip
     a("--queued-overhead-share", type=float, default=None,
       help="share of the fixed cost a prefill queued behind another pays (default 1: "
            "one at a time; vLLM batches prefills that arrive together)")  # fmt: skip

@@ -58,6 +58,8 @@ class SimConfig:
     # beside running requests first waits a random share of a step, and the share of
     # the fixed cost a prefill queued behind another pays.
     prefill_s_per_running: float = 0.0
+    # What each cached token adds to the prefill behind it (attention reads its keys).
+    prefill_s_per_cached_token: float = 0.0
     step_phase_wait: bool = False
     queued_overhead_share: float = 1.0
     # L1: host DRAM, this pod only (vLLM native CPU offloading; medium "CPU").
@@ -123,6 +125,7 @@ class SimConfig:
             itl_base_s=self.itl_s,
             itl_per_seq_s=self.itl_per_seq_s,
             prefill_s_per_running=self.prefill_s_per_running,
+            prefill_s_per_cached_token=self.prefill_s_per_cached_token,
             step_phase_wait=self.step_phase_wait,
             queued_overhead_share=self.queued_overhead_share,
         )

@@ -316,7 +316,9 @@ class SimEngine:
             queued = await lane.acquire()
         try:
             others = self._slots.active - 1  # the requests holding a slot beside this one
-            await asyncio.sleep(self.timing.lane_s(plan.uncached_tokens, others, queued, self._rng))
+            lane_s = self.timing.lane_s(plan.uncached_tokens, others, queued, self._rng,
+                                        plan.cached_tokens)  # fmt: skip
+            await asyncio.sleep(lane_s)
         finally:
             if lane is not None:
                 lane.release()

@@ -29,6 +29,7 @@ _SCALED = {
     "itl_s": ("--itl-ms", 1e3),
     "itl_per_seq_s": ("--itl-per-seq-ms", 1e3),
     "prefill_s_per_running": ("--prefill-ms-per-running", 1e3),
+    "prefill_s_per_cached_token": ("--prefill-us-per-cached-token", 1e6),
     "l1_latency_s": ("--l1-latency-ms", 1e3),
     "l2_latency_s": ("--l2-latency-ms", 1e3),
     "l1_bandwidth_bytes_per_s": ("--l1-gb-per-s", 1e-9),

@@ -48,6 +48,12 @@ def test_h200_profile_lies_within_what_the_two_recorded_runs_measured():
     bandwidths = [1 / fit["slope_s"] for fit in l1]
     assert min(bandwidths) * 0.98 <= timing.l1.bandwidth_bytes_per_s <= max(bandwidths) * 1.02
     assert timing.l1.latency_s >= min(fit["intercept_s"] for fit in l1)
+    # Each cached token: the slope of flash attention's time over the cached count.
+    layers = runs[1]["shape"]["num_hidden_layers"]
+    flash = [(r["cached_tokens"], r["seconds_per_layer"] * layers)
+             for r in runs[1]["attention_behind_cache"] if r["kernel"] == "flash"]  # fmt: skip
+    _, per_cached = fit_line(flash)
+    assert timing.prefill_s_per_cached_token == pytest.approx(per_cached, rel=0.05)
     # A decode step can never beat reading the weights once at the measured bandwidth.
     assert timing.itl_s(1) >= max(run["decode_floor_s"] for run in runs)
     assert timing.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2

@@ -31,6 +31,18 @@ def test_plan_charges_alpha_uncached_prefill_and_each_tier_load():
     assert plan.ttft_s == pytest.approx(plan.load_s + plan.compute_s)
 
 
+def test_a_prefill_behind_cached_tokens_pays_for_each_of_them_wherever_they_came_from():
+    t = timing(prefill_s_per_cached_token=0.001)
+    plan = t.plan(41, TierHit(l0=2, l1=3, l2=4), BS)  # 36 cached: 8 in L0, 28 loaded
+    assert plan.compute_s == pytest.approx(0.1 + 5 / 100 + 36 * 0.001)
+    assert t.lane_s(5, 0, False, random.Random(0), 36) == pytest.approx(plan.compute_s)
+    curve = timing(prefill_curve=((1, 0.03), (10, 0.04)), prefill_s_per_cached_token=0.001)
+    assert curve.compute_s(10, 100) == pytest.approx(0.04 + 0.1)
+    assert timing().plan(41, TierHit(l0=2), BS).compute_s == pytest.approx(0.1 + 33 / 100)
+    with pytest.raises(ValueError):
+        timing(prefill_s_per_cached_token=-1e-6)
+
+
 def test_a_tier_with_no_tokens_costs_nothing_not_even_its_latency():
     assert timing().load_s(0, 0) == 0.0
 

@@ -68,6 +68,10 @@ def test_every_profile_cost_model_uses_the_profile_physics():
         assert cost.kv_bytes_per_token == t.kv_bytes_per_token
         assert cost.prefill_tokens_per_s == t.prefill_tokens_per_s
         assert cost.prefill_overhead_s == t.overhead_s
+        assert cost.prefill_s_per_cached_token == t.prefill_s_per_cached_token
+        assert profile.sim_settings(BS)["prefill_s_per_cached_token"] == (
+            t.prefill_s_per_cached_token
+        )
         assert (cost.l2.latency_s, cost.l2.bandwidth_bytes_per_s) == (
             t.l2.latency_s,
             t.l2.bandwidth_bytes_per_s,
