@@ -175,6 +175,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         print(f"{n:6d} tokens: {ttft * 1000:8.1f} ms")
     for k, ttft in fit.running_points:
         print(f"{k:6d} running: {ttft * 1000:8.1f} ms")
+    for c, ttft in fit.cached_points:
+        print(f"{c:6d} cached:  {ttft * 1000:8.1f} ms")
     print(json.dumps({"kv-aware": {"cost_model": fit.cost_model(args.block_size)}}))
     return 0
 

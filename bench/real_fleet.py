@@ -350,6 +350,7 @@ def run_real(plan: RealPlan, out: Path, console: Console | None = None) -> list[
             f"pod prefill: {fit.overhead_s * 1000:.1f} ms + "
             f"{1e6 / fit.tokens_per_s:.1f} µs/token ({fit.tokens_per_s:,.0f} tokens/s), "
             f"+{(fit.s_per_running or 0) * 1000:.1f} ms per running request, "
+            f"+{(fit.s_per_cached_token or 0) * 1e6:.1f} µs per cached token, "
             f"queued overhead share {_share(fit)}"
         )
         kv_options = plan.kv_options or {"cost_model": fit.cost_model(BLOCK_SIZE)}
@@ -747,10 +748,13 @@ def write_report(
         f"its own{WARMED if plan.warm_up else ''}; `kv-aware/no-speculation` is kv-aware "
         f"with `index.speculative_ttl_s: 0`, "
         f"`kv-aware/default-cost-model` kv-aware with the shipped cost model (not the "
-        f"pods'), `kv-aware/no-eviction-cost` kv-aware ranking by predicted TTFT alone. "
+        f"pods'), `kv-aware/no-eviction-cost` kv-aware ranking by predicted TTFT alone, "
+        f"`kv-aware/no-cached-cost` kv-aware charging nothing for the cached tokens a "
+        f"prefill reads. "
         f"Pod measured at start: prefill {fit.overhead_s * 1000:.1f} ms + "
         f"{1e6 / fit.tokens_per_s:.1f} µs/token, "
-        f"+{(fit.s_per_running or 0) * 1000:.1f} ms per running request, share of the "
+        f"+{(fit.s_per_running or 0) * 1000:.1f} ms per running request, "
+        f"+{(fit.s_per_cached_token or 0) * 1e6:.1f} µs per cached token, share of the "
         f"overhead each prefill queued ahead adds {_share(fit)}; kv-aware "
         f"configured with "
         f"`{json.dumps(kv_options)}`. *TTFT pred. error*: median over requests of "

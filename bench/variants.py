@@ -9,6 +9,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from routing.cost_model import CostModel
+
 
 @dataclass(frozen=True)
 class Variant:
@@ -20,6 +22,8 @@ class Variant:
     # kv-aware options laid over the benchmark's (or ``kv_options``): one option changed,
     # the measured or simulated cost model kept.
     kv_overrides: dict[str, Any] = field(default_factory=dict, hash=False)
+    # kv-aware cost-model keys laid over the benchmark's cost model (the rest kept).
+    cost_model_overrides: dict[str, Any] = field(default_factory=dict, hash=False)
     # Other gateway settings, as environment variables (the gateway's HTTP path only:
     # the DES has none, so there the variant is the default).
     gateway_settings: dict[str, str] = field(default_factory=dict, hash=False)
@@ -27,16 +31,22 @@ class Variant:
     def kv_aware_options(self, base: dict[str, Any] | None) -> dict[str, Any] | None:
         """kv-aware's options under this variant, given the benchmark's ``base``."""
         options = self.kv_options if self.kv_options is not None else base
-        if not self.kv_overrides:
+        if not self.kv_overrides and not self.cost_model_overrides:
             return options
-        return {**(options or {}), **self.kv_overrides}
+        options = {**(options or {}), **self.kv_overrides}
+        if self.cost_model_overrides:
+            base_model = options.get("cost_model") or {}
+            if isinstance(base_model, CostModel):  # the DES passes the model itself
+                base_model = base_model.to_dict()
+            options["cost_model"] = {**base_model, **self.cost_model_overrides}
+        return options
 
     def gateway_env(self, base_kv_options: dict[str, Any] | None = None) -> dict[str, str]:
         """The variant as ``kvgate serve`` environment settings; ``base_kv_options``:
         the benchmark's kv-aware options, which ``kv_overrides`` are laid over."""
         env = {"KVGATE_INDEX__SPECULATIVE_TTL_S": str(self.speculative_ttl_s),
                **self.gateway_settings}  # fmt: skip
-        if self.kv_options is not None or self.kv_overrides:
+        if self.kv_options is not None or self.kv_overrides or self.cost_model_overrides:
             options = self.kv_aware_options(base_kv_options)
             env["KVGATE_STRATEGY_OPTIONS"] = json.dumps({"kv-aware": options})
         return env
@@ -58,6 +68,12 @@ VARIANTS = {
     # Every L0 write priced as evicting, however empty the pod's cache (roomy_share 0):
     # a pod lacking a prefix pays its prefill twice, so a hot prefix is copied later.
     "full-cache": Variant("full-cache", kv_overrides={"roomy_share": 0.0}),
+    # Cached tokens cost nothing: the measured cost per cached token set to 0, so a
+    # deep prefix hit is predicted as its new tokens alone (what kv-aware did before it
+    # modelled attention over the cached keys).
+    "no-cached-cost": Variant(
+        "no-cached-cost", cost_model_overrides={"prefill_s_per_cached_token": 0.0}
+    ),
     # A stream's headers sent as soon as the pod's arrive (`stream_headers_early`): the
     # client's response set-up overlaps the prefill; no retry after them.
     "early-headers": Variant(

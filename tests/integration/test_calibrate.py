@@ -63,3 +63,20 @@ def test_a_burst_of_cold_prompts_tells_whether_the_engine_prefills_them_together
     # One lane: the last of 4 starts after 3 whole prefills (share 1). Unlimited: all
     # start at once, the last is as quick as the first (0).
     assert low <= share <= high
+
+
+@pytest.mark.parametrize("us_per_cached", [0.0, 40.0])
+def test_the_cost_of_each_cached_token_is_measured_from_hits_behind_prefixes(us_per_cached):
+    from bench.calibrate import measure_cached
+
+    (pod,) = start_sim_pods(1, overhead_s=0.02, prefill_tokens_per_s=10_000.0,
+                            prefill_s_per_cached_token=us_per_cached * 1e-6)  # fmt: skip
+    try:
+        per_cached, points = measure_cached(pod.url, cached=(64, 1024, 2048), repeats=1)
+    finally:
+        pod.stop()
+    # x is what the pod served from its cache: whole 16-token blocks of each prefix.
+    assert [c for c, _ in points] == sorted(c for c, _ in points)
+    assert points[-1][0] >= 1900
+    # 40 µs a cached token is 80 ms over 2,000 of them, against ~27 ms of the rest.
+    assert per_cached * 1e6 == pytest.approx(us_per_cached, abs=8.0)

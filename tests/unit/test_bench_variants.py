@@ -59,3 +59,19 @@ def test_early_headers_turns_on_the_gateways_early_stream_headers(monkeypatch):
         monkeypatch.setenv(name, value)
     assert Settings(_env_file=None).stream_headers_early is True
     assert split_variant("round-robin")[1].gateway_env().get("KVGATE_STREAM_HEADERS_EARLY") is None
+
+
+def test_no_cached_cost_zeroes_the_measured_cost_per_cached_token_and_keeps_the_rest():
+    import json
+
+    from routing.cost_model import CostModel
+
+    _, variant = split_variant("kv-aware/no-cached-cost")
+    measured = {"cost_model": {"prefill_tokens_per_s": 29_000.0,
+                               "prefill_s_per_cached_token": 6e-6}}  # fmt: skip
+    options = json.loads(variant.gateway_env(measured)["KVGATE_STRATEGY_OPTIONS"])["kv-aware"]
+    assert options == {"cost_model": {"prefill_tokens_per_s": 29_000.0,
+                                      "prefill_s_per_cached_token": 0.0}}  # fmt: skip
+    # The DES hands over the model object itself: the override lands on it too.
+    des = variant.kv_aware_options({"cost_model": CostModel(prefill_s_per_cached_token=6e-6)})
+    assert CostModel.from_dict(des["cost_model"]).prefill_s_per_cached_token == 0.0
