@@ -55,12 +55,12 @@ def http_status(url: str, timeout: float = 1.0) -> int | None:
         return None
 
 
-def metric_value(exposition: str, name: str, **labels: str) -> float:
-    """Sum of every sample of ``name`` in Prometheus text whose labels include
-    ``labels`` (none given: all label sets). Label values are matched whole, as
-    written (``pod="a"``), so none may hold a comma."""
+def metric_samples(exposition: str, name: str, **labels: str) -> list[float]:
+    """Every sample of ``name`` in Prometheus text whose labels include ``labels`` (none
+    given: all label sets), in order. Label values are matched whole, as written
+    (``pod="a"``), so none may hold a comma."""
     wanted = [f'{key}="{value}"' for key, value in labels.items()]
-    total = 0.0
+    samples: list[float] = []
     for line in exposition.splitlines():
         if not (line.startswith(name + "{") or line.startswith(name + " ")):
             continue
@@ -69,5 +69,15 @@ def metric_value(exposition: str, name: str, **labels: str) -> float:
             present = head[len(name) + 1 : -1].split(",") if head.endswith("}") else []
             if not all(w in present for w in wanted):
                 continue
-        total += float(value)
-    return total
+        samples.append(float(value))
+    return samples
+
+
+def metric_value(exposition: str, name: str, **labels: str) -> float:
+    """Sum of ``metric_samples``: 0 where there is none."""
+    return sum(metric_samples(exposition, name, **labels))
+
+
+def scraped(url: str, name: str, **labels: str) -> list[float]:
+    """``metric_samples`` of ``url``'s ``/metrics`` as it answers now."""
+    return metric_samples(httpx.get(f"{url}/metrics", timeout=10).text, name, **labels)

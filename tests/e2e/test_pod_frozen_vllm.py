@@ -15,11 +15,10 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import openai
 
 from bench.gateway_proc import run_gateway
-from bench.polling import metric_value, wait_for
+from bench.polling import scraped, wait_for
 from bench.vllm_pods import MODEL_NAME, VllmServer
 
 NAMES = ("pod-a", "pod-b")
@@ -27,12 +26,11 @@ TOTAL_S = 60  # the deadline the request would wait for without the retry
 
 
 def _in_flight(gw: str, pod: str) -> float:
-    metrics = httpx.get(f"{gw}/metrics", timeout=10).text
-    return metric_value(metrics, "kvgate_pod_in_flight_requests", pod=pod)
+    return sum(scraped(gw, "kvgate_pod_in_flight_requests", pod=pod))
 
 
 def _healthy(gw: str, pod: str) -> bool:
-    return f'kvgate_pod_healthy{{pod="{pod}"}} 1.0' in httpx.get(f"{gw}/metrics").text
+    return scraped(gw, "kvgate_pod_healthy", pod=pod) == [1.0]
 
 
 def test_a_frozen_vllm_pods_request_is_answered_by_the_other_pod(

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from bench.gateway_proc import run_gateway
-from bench.polling import metric_value, wait_for
+from bench.polling import metric_value, scraped, wait_for
 from bench.prompts import text_of_tokens
 from bench.sim.launch import sim_fleet
 from bench.tinymodel import ensure_tokenizer
@@ -30,7 +30,7 @@ def _held(gw, prompt: str) -> dict[str, int]:
 
 
 def _healthy(gw, pod: str, value: float) -> bool:
-    return f'kvgate_pod_healthy{{pod="{pod}"}} {value}' in httpx.get(f"{gw}/metrics").text
+    return scraped(gw, "kvgate_pod_healthy", pod=pod) == [value]
 
 
 def test_a_pod_ejected_for_a_blip_has_its_cache_relearnt_when_readmitted():

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from bench.gateway_proc import run_gateway
-from bench.polling import metric_value, wait_for
+from bench.polling import metric_value, scraped, wait_for
 from bench.sim.launch import sim_fleet
 
 MODEL = "kvgate-tiny-llama"
@@ -215,8 +215,8 @@ def test_killed_pod_is_ejected_requests_succeed_and_it_is_readmitted(fleet):
 
 
 def _wait_healthy_gauge(url: str, pod: str, value: float) -> None:
-    line = f'kvgate_pod_healthy{{pod="{pod}"}} {value}'
-    wait_for(lambda: line in httpx.get(f"{url}/metrics").text, timeout=15, what=line, poll=0.1)
+    wait_for(lambda: scraped(url, "kvgate_pod_healthy", pod=pod) == [value], timeout=15,
+             what=f"kvgate_pod_healthy of {pod} at {value}", poll=0.1)  # fmt: skip
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool (Debian prometheus) missing")

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from bench.gateway_proc import run_gateway
-from bench.polling import wait_for
+from bench.polling import scraped, wait_for
 from bench.ports import free_port
 from bench.prompts import text_of_tokens
 from bench.redis_server import RedisServer
@@ -89,9 +89,8 @@ def test_two_workers_agree_on_where_a_cached_prefix_is(fleet, system_prompt):
 
 
 def _all_idle(gw) -> bool:
-    lines = [line for line in httpx.get(f"{gw}/metrics").text.splitlines()
-             if line.startswith("kvgate_pod_in_flight_requests{")]  # fmt: skip
-    return bool(lines) and all(line.endswith(" 0.0") for line in lines)
+    in_flight = scraped(gw, "kvgate_pod_in_flight_requests")
+    return bool(in_flight) and not any(in_flight)
 
 
 def test_two_workers_send_a_prefix_aware_conversation_to_one_pod(fleet, system_prompt):
@@ -224,12 +223,10 @@ def test_a_worker_that_dies_is_replaced_and_the_port_keeps_serving(fleet, system
                  what="the gateway to be ready")  # fmt: skip
         served = {_chat(gw, system_prompt, f"after {i}").headers["x-kvgate-worker"]
                   for i in range(16)}  # fmt: skip
-        metrics = httpx.get(f"{gw}/metrics").text
+        in_flight = scraped(gw, "kvgate_pod_in_flight_requests")
 
     assert len(replaced) == 2 and served == {"0", "1"}
-    in_flight = [line for line in metrics.splitlines()
-                 if line.startswith("kvgate_pod_in_flight_requests{")]  # fmt: skip
-    assert in_flight and all(line.endswith(" 0.0") for line in in_flight)
+    assert in_flight and not any(in_flight)
 
 
 # -- replicas sharing load through Redis --------------------------------------------------

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from bench.polling import metric_value, wait_for, wait_for_async
+from bench.polling import metric_samples, metric_value, scraped, wait_for, wait_for_async
 
 
 def test_wait_for_returns_the_first_truthy_value_the_predicate_gives():
@@ -70,3 +70,27 @@ def test_metric_value_keeps_the_label_sets_that_include_the_labels_asked_for():
     assert metric_value(text, "kvgate_retries_total", model="m") == 5.0
     assert metric_value(text, "kvgate_retries_total", model="m", cause="pod_lost") == 1.0
     assert metric_value(text, "kvgate_up", pod="a") == 0.0  # no labels to match
+
+
+def test_metric_samples_tells_an_absent_series_from_a_zero_one():
+    text = 'kvgate_pod_healthy{pod="a"} 0.0\nkvgate_pod_healthy{pod="b"} 1.0\n'
+
+    assert metric_samples(text, "kvgate_pod_healthy", pod="a") == [0.0]
+    assert metric_samples(text, "kvgate_pod_healthy", pod="c") == []  # metric_value: 0
+    assert metric_samples(text, "kvgate_pod_healthy") == [0.0, 1.0]
+
+
+def test_scraped_reads_the_samples_a_live_server_exposes():
+    from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+    from bench.ports import free_port
+
+    registry = CollectorRegistry()
+    Gauge("kvgate_pod_healthy", "h", ["pod"], registry=registry).labels(pod="a").set(1)
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    try:
+        assert scraped(f"http://127.0.0.1:{port}", "kvgate_pod_healthy", pod="a") == [1.0]
+    finally:
+        server.shutdown()
+        thread.join()
