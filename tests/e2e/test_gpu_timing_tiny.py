@@ -28,6 +28,10 @@ def test_tiny_run_measures_every_point_and_writes_its_summary(
     assert [r["tokens"] for r in result["prefill"]] == [128, 256, 512]
     assert all(r["seconds"] > 0 for r in result["prefill"] + result["decode"])
     assert [r["cached_tokens"] for r in result["behind_cache"]] == [0, 1024]
+    assert [(r["batch"], r["graphed"]) for r in result["graphed_decode"]] == [
+        (1, False),
+        (8, False),
+    ]
     assert len(result["host_to_gpu"]) == len(result["file_to_gpu"]) == 3
     # A CPU check never drops the machine's page cache.
     assert result["page_cache_dropped"] is False
