@@ -82,16 +82,9 @@ COPY_TOKENS = (16, 64, 256, 1024, 4096)
 
 def fit_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     """Least-squares ``y = intercept + slope * x``; returns (intercept, slope)."""
-    if len(points) < 2:
-        raise ValueError("a line needs at least two points")
-    n = len(points)
-    mean_x = sum(x for x, _ in points) / n
-    mean_y = sum(y for _, y in points) / n
-    sxx = sum((x - mean_x) ** 2 for x, _ in points)
-    if sxx == 0:
-        raise ValueError("a line needs two different x values")
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sxx
-    return mean_y - slope * mean_x, slope
+    slope, intercept = statistics.linear_regression([x for x, _ in points],
+                                                    [y for _, y in points])  # fmt: skip
+    return intercept, slope
 
 
 def worst_relative_residual(
