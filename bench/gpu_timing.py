@@ -46,6 +46,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,18 @@ class _Timer:
         return statistics.median(times)
 
 
+@dataclass(frozen=True)
+class Bench:
+    """What every measurement needs: torch, the device, how to time and report, and
+    how many timed runs make a median."""
+
+    torch: Any
+    device: str
+    timer: _Timer
+    progress: _Progress
+    reps: int
+
+
 @contextmanager
 def _no_grad(torch: Any) -> Iterator[None]:
     with torch.inference_mode():
@@ -191,16 +204,9 @@ def _forward(model: Any, ids: Any, **kwargs: Any) -> Any:
     return model(input_ids=ids, logits_to_keep=1, **kwargs)
 
 
-def measure_prefill(
-    torch: Any,
-    model: Any,
-    timer: _Timer,
-    device: str,
-    vocab: int,
-    tokens: Sequence[int],
-    progress: _Progress,
-    reps: int,
-) -> list[dict[str, float]]:
+def measure_prefill(b: Bench, model: Any, tokens: Sequence[int]) -> list[dict[str, float]]:
+    torch, timer, device, progress, reps = b.torch, b.timer, b.device, b.progress, b.reps
+    vocab = model.config.vocab_size
     rows = []
     for n in tokens:
         ids = torch.randint(0, vocab, (1, n), device=device)
@@ -211,16 +217,10 @@ def measure_prefill(
 
 
 def measure_behind_cache(
-    torch: Any,
-    model: Any,
-    timer: _Timer,
-    device: str,
-    vocab: int,
-    contexts: Sequence[int],
-    new_tokens: int,
-    progress: _Progress,
-    reps: int,
+    b: Bench, model: Any, contexts: Sequence[int], new_tokens: int
 ) -> list[dict[str, float]]:
+    torch, timer, device, progress, reps = b.torch, b.timer, b.device, b.progress, b.reps
+    vocab = model.config.vocab_size
     rows = []
     new_ids = torch.randint(0, vocab, (1, new_tokens), device=device)
     for cached in contexts:
@@ -250,14 +250,7 @@ def _median_behind(timer: _Timer, model: Any, new_ids: Any, base: Any, reps: int
 
 
 def measure_attention_behind_cache(
-    torch: Any,
-    timer: _Timer,
-    device: str,
-    shape: dict[str, Any],
-    contexts: Sequence[int],
-    new_tokens: int,
-    progress: _Progress,
-    reps: int,
+    b: Bench, shape: dict[str, Any], contexts: Sequence[int], new_tokens: int
 ) -> list[dict[str, Any]]:
     """One layer's attention of ``new_tokens`` queries over ``cached + new`` keys, by kernel.
 
@@ -266,6 +259,7 @@ def measure_attention_behind_cache(
     with the mask materialised, the path transformers takes behind a cache. A kernel
     this machine lacks (flash on a CPU) is recorded as None.
     """
+    torch, timer, device, progress, reps = b.torch, b.timer, b.device, b.progress, b.reps
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.bias import causal_lower_right
     from torch.nn.functional import scaled_dot_product_attention as sdpa
@@ -302,21 +296,14 @@ def measure_attention_behind_cache(
     return rows
 
 
-def measure_batched_prefill(
-    torch: Any,
-    model: Any,
-    timer: _Timer,
-    device: str,
-    vocab: int,
-    tokens: int,
-    progress: _Progress,
-    reps: int,
-) -> list[dict[str, float]]:
+def measure_batched_prefill(b: Bench, model: Any, tokens: int) -> list[dict[str, float]]:
     """Two prompts of ``tokens`` prefilled in one forward, against one of each length.
 
     An engine puts prefills that arrive together into one step: whether that step costs
     what the tokens cost one after another is what the simulator's prefill lane assumes.
     """
+    torch, timer, device, progress, reps = b.torch, b.timer, b.device, b.progress, b.reps
+    vocab = model.config.vocab_size
     rows = []
     for batch, length in ((1, tokens), (2, tokens), (1, 2 * tokens)):
         ids = torch.randint(0, vocab, (batch, length), device=device)
@@ -327,14 +314,7 @@ def measure_batched_prefill(
 
 
 def measure_graphed_decode(
-    torch: Any,
-    model: Any,
-    timer: _Timer,
-    device: str,
-    batches: Sequence[int],
-    context: int,
-    progress: _Progress,
-    reps: int,
+    b: Bench, model: Any, batches: Sequence[int], context: int, steps: int
 ) -> list[dict[str, Any]]:
     """One decode step of the model's own weights, written out and replayed as a CUDA
     graph (as vLLM runs decode), per batch size, each sequence ``context`` tokens deep.
@@ -343,6 +323,7 @@ def measure_graphed_decode(
     SDPA over it (grouped KV heads), the output projection, RMS norm and the gated MLP;
     then the final norm, the LM head and the greedy token. Rotary embeddings are left
     out (elementwise, a few microseconds). On a CPU the step runs eagerly."""
+    torch, timer, device, progress = b.torch, b.timer, b.device, b.progress
     from torch.nn.functional import rms_norm, scaled_dot_product_attention, silu
 
     inner = model.model
@@ -388,7 +369,7 @@ def measure_graphed_decode(
             with torch.cuda.graph(graph):
                 step()
             run = graph.replay
-        seconds = timer.median(run, 3, reps)
+        seconds = timer.median(run, 3, steps)
         rows.append({"batch": batch, "context": context, "seconds": seconds, "graphed": cuda})
         progress.step(f"decode step, batch {batch}, replayed: {seconds * 1e3:.2f} ms")
         del caches, run
@@ -396,16 +377,10 @@ def measure_graphed_decode(
 
 
 def measure_decode(
-    torch: Any,
-    model: Any,
-    timer: _Timer,
-    device: str,
-    vocab: int,
-    batches: Sequence[int],
-    context: int,
-    progress: _Progress,
-    steps: int,
+    b: Bench, model: Any, batches: Sequence[int], context: int, steps: int
 ) -> list[dict[str, float]]:
+    torch, timer, device, progress = b.torch, b.timer, b.device, b.progress
+    vocab = model.config.vocab_size
     rows = []
     for batch in batches:
         prompt = torch.randint(0, vocab, (batch, context), device=device)
@@ -424,8 +399,9 @@ def measure_decode(
     return rows
 
 
-def measure_device_bandwidth(torch: Any, timer: _Timer, device: str, gib: float) -> float:
+def measure_device_bandwidth(b: Bench, gib: float) -> float:
     """Bytes read plus written per second by a large device-to-device copy."""
+    torch, timer, device = b.torch, b.timer, b.device
     n = int(gib * (1 << 30)) // 2
     src = torch.randn(n, device=device, dtype=torch.bfloat16)
     dst = torch.empty_like(src)
@@ -441,14 +417,10 @@ def _kv_layout(shape: dict[str, Any]) -> tuple[int, int]:
 
 
 def measure_host_to_gpu(
-    torch: Any,
-    timer: _Timer,
-    device: str,
-    shape: dict[str, Any],
-    tokens: Sequence[int],
-    progress: _Progress,
+    b: Bench, shape: dict[str, Any], tokens: Sequence[int]
 ) -> list[dict[str, float]]:
     """Load ``n`` tokens' KV from pinned host memory as an offloader does: per layer."""
+    torch, timer, device, progress = b.torch, b.timer, b.device, b.progress
     copies, per_token = _kv_layout(shape)
     pinned = device.startswith("cuda")
     rows = []
@@ -479,14 +451,7 @@ def _drop_page_cache() -> bool:
 
 
 def measure_file_to_gpu(
-    torch: Any,
-    timer: _Timer,
-    device: str,
-    shape: dict[str, Any],
-    tokens: Sequence[int],
-    progress: _Progress,
-    directory: Path,
-    drop_page_cache: bool,
+    b: Bench, shape: dict[str, Any], tokens: Sequence[int], directory: Path, drop_page_cache: bool
 ) -> tuple[list[dict[str, float]], bool]:
     """Read ``n`` tokens' KV from one file on local disk, then copy it up.
 
@@ -495,6 +460,7 @@ def measure_file_to_gpu(
     is dropped first where the machine allows it (returned), so the numbers are the
     disk's, not DRAM's; that slows every other program on the machine for a while.
     """
+    torch, timer, device, progress = b.torch, b.timer, b.device, b.progress
     copies, per_token = _kv_layout(shape)
     pinned = device.startswith("cuda")
     reps = 5
@@ -540,22 +506,22 @@ def run(device: str, shape: dict[str, Any], scratch: Path, reps: int) -> dict[st
     import torch
 
     torch.manual_seed(0)
-    timer = _Timer(torch, device)
-    vocab = shape["vocab_size"]
     tiny = shape is TINY
     prefill_tokens = PREFILL_TOKENS[:3] if tiny else PREFILL_TOKENS
     contexts = CACHED_CONTEXTS[:2] if tiny else CACHED_CONTEXTS
     batches = DECODE_BATCHES[:2] if tiny else DECODE_BATCHES
     copy_tokens = COPY_TOKENS[:3] if tiny else COPY_TOKENS
     batched_tokens = 128 if tiny else BATCHED_PREFILL_TOKENS
+    context = 128 if tiny else DECODE_CONTEXT
     steps = (prefill_tokens, contexts, contexts, batches, batches, copy_tokens, copy_tokens)
     total = sum(len(s) for s in steps) + 3 + 2  # + batched prefills, + copy and model
     progress = _Progress(total)
+    b = Bench(torch, device, _Timer(torch, device), progress, reps)
     result: dict[str, Any] = {"device": device, "shape": shape, "torch": torch.__version__}
     try:
         if device.startswith("cuda"):
             result["gpu"] = torch.cuda.get_device_name(0)
-        bandwidth = measure_device_bandwidth(torch, timer, device, 0.25 if tiny else 4.0)
+        bandwidth = measure_device_bandwidth(b, 0.25 if tiny else 4.0)
         result["device_bandwidth_bytes_per_s"] = bandwidth
         progress.step(f"device copy: {bandwidth / 1e12:.2f} TB/s")
         began = time.perf_counter()
@@ -565,54 +531,19 @@ def run(device: str, shape: dict[str, Any], scratch: Path, reps: int) -> dict[st
         result["decode_floor_s"] = weight_bytes / bandwidth
         progress.step(f"model built in {time.perf_counter() - began:.1f} s")
         with _no_grad(torch):
-            prefill = measure_prefill(
-                torch, model, timer, device, vocab, prefill_tokens, progress, reps
-            )
-            behind = measure_behind_cache(
-                torch,
-                model,
-                timer,
-                device,
-                vocab,
-                contexts,
-                NEW_TOKENS_BEHIND_CACHE,
-                progress,
-                reps,
-            )
-            batched = measure_batched_prefill(
-                torch, model, timer, device, vocab, batched_tokens, progress, reps
-            )
-            decode = measure_decode(
-                torch,
-                model,
-                timer,
-                device,
-                vocab,
-                batches,
-                128 if tiny else DECODE_CONTEXT,
-                progress,
-                4 * reps,
-            )
-            graphed = measure_graphed_decode(
-                torch,
-                model,
-                timer,
-                device,
-                batches,
-                128 if tiny else DECODE_CONTEXT,
-                progress,
-                4 * reps,
-            )
+            prefill = measure_prefill(b, model, prefill_tokens)
+            behind = measure_behind_cache(b, model, contexts, NEW_TOKENS_BEHIND_CACHE)
+            batched = measure_batched_prefill(b, model, batched_tokens)
+            decode = measure_decode(b, model, batches, context, 4 * reps)
+            graphed = measure_graphed_decode(b, model, batches, context, 4 * reps)
         del model
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
-        attention = measure_attention_behind_cache(
-            torch, timer, device, shape, contexts, NEW_TOKENS_BEHIND_CACHE, progress, reps
-        )
-        host = measure_host_to_gpu(torch, timer, device, shape, copy_tokens, progress)
+        attention = measure_attention_behind_cache(b, shape, contexts, NEW_TOKENS_BEHIND_CACHE)
+        host = measure_host_to_gpu(b, shape, copy_tokens)
         with tempfile.TemporaryDirectory(dir=scratch) as directory:
             files, dropped = measure_file_to_gpu(
-                torch, timer, device, shape, copy_tokens, progress, Path(directory), not tiny
+                b, shape, copy_tokens, Path(directory), drop_page_cache=not tiny
             )
     finally:
         progress.stop()
