@@ -166,12 +166,17 @@ def measure_cached(
     """Median TTFT of a ``suffix_tokens`` suffix behind a cached prefix of each length in
     ``cached`` (a new prefix each time, sent once first to cache it), and the slope of
     the line through them (s per cached token, at least 0). The x of each point is the
-    pod's own count of cached tokens (``usage.prompt_tokens_details.cached_tokens``)."""
+    pod's own count of cached tokens (``usage.prompt_tokens_details.cached_tokens``).
+    Lengths that would not fit the pod's ``max_model_len`` with the suffix are left out."""
     tokenizer = ensure_tokenizer()
     points: list[tuple[int, float]] = []
     with httpx.Client(timeout=120) as client:
         _ttft(client, url, model, "warm up")
-        for n in cached:
+        room = _max_model_len(client, url, model) - suffix_tokens - 64  # template, margin
+        lengths = [n for n in cached if n <= room]
+        if len(lengths) < 2:
+            raise ValueError(f"the pod's context fits fewer than two of {cached} + a suffix")
+        for n in lengths:
             runs: list[float] = []
             counts: list[int] = []
             for _ in range(repeats):
@@ -183,6 +188,20 @@ def measure_cached(
             points.append((int(statistics.median(counts)), statistics.median(runs)))
     slope, _ = statistics.linear_regression([c for c, _ in points], [t for _, t in points])
     return max(0.0, slope), tuple(points)
+
+
+def _max_model_len(client: httpx.Client, url: str, model: str) -> int:
+    """The pod's context length for ``model`` (vLLM's ``/v1/models``), or a large one if
+    it does not say."""
+    try:
+        r = client.get(f"{url}/v1/models")
+        r.raise_for_status()
+        for entry in r.json()["data"]:
+            if entry.get("id") == model and entry.get("max_model_len"):
+                return int(entry["max_model_len"])
+    except (httpx.HTTPError, KeyError, TypeError, ValueError):
+        pass
+    return 1 << 20
 
 
 def _cached_tokens(client: httpx.Client, url: str, model: str, prefix: str) -> int | None:

@@ -80,3 +80,18 @@ def test_the_cost_of_each_cached_token_is_measured_from_hits_behind_prefixes(us_
     assert points[-1][0] >= 1900
     # 40 µs a cached token is 80 ms over 2,000 of them, against ~27 ms of the rest.
     assert per_cached * 1e6 == pytest.approx(us_per_cached, abs=8.0)
+
+
+def test_cached_lengths_past_the_pods_context_are_left_out():
+    from bench.calibrate import measure_cached
+
+    (pod,) = start_sim_pods(1, overhead_s=0.005, prefill_tokens_per_s=50_000.0,
+                            max_model_len=1100)  # fmt: skip
+    try:
+        _, points = measure_cached(pod.url, cached=(64, 512, 1024, 2048), repeats=1)
+        with pytest.raises(ValueError, match="fewer than two"):
+            measure_cached(pod.url, cached=(1024, 2048), repeats=1)
+    finally:
+        pod.stop()
+    # 1,024 + the 64-token suffix + a margin of 64 for the template passes 1,100: left out.
+    assert len(points) == 2 and points[-1][0] < 600
