@@ -111,11 +111,10 @@ class Calibrator:
         l1 = min(rest, max(0, l1_tokens))
         l2 = min(rest - l1, max(0, l2_tokens))
         model = self.base
+        uncached = max(1, prompt_tokens - cached)  # a full hit still computes one token
         prefill = ttft_s - queue_s - model.load_s(Tier.L1, l1) - model.load_s(Tier.L2, l2)
-        prefill -= (
-            prompt_tokens - max(1, prompt_tokens - cached)
-        ) * model.prefill_s_per_cached_token
-        self._points.append((max(1, prompt_tokens - cached), max(0, running), prefill))
+        prefill -= (prompt_tokens - uncached) * model.prefill_s_per_cached_token
+        self._points.append((uncached, max(0, running), prefill))
         self.accepted += 1
         self._since_fit += 1
         if len(self._points) < self._min_samples:
