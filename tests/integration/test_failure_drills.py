@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from bench.gateway_proc import run_gateway
-from bench.polling import metric_value, scraped, wait_for
+from bench.polling import scraped, wait_for
 from bench.prompts import text_of_tokens
 from bench.sim.launch import sim_fleet
 from bench.tinymodel import ensure_tokenizer
@@ -79,7 +79,7 @@ def test_a_pod_ejected_for_a_blip_has_its_cache_relearnt_when_readmitted():
 
 
 def _in_flight_at(gw, pod: str) -> float:
-    return metric_value(httpx.get(f"{gw}/metrics").text, "kvgate_pod_in_flight_requests", pod=pod)
+    return sum(scraped(gw, "kvgate_pod_in_flight_requests", pod=pod))
 
 
 @pytest.mark.parametrize("retry_on_eject", [True, False])

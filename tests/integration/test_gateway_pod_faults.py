@@ -11,7 +11,7 @@ import httpx
 import openai
 
 from bench.gateway_proc import run_gateway
-from bench.polling import metric_value, wait_for
+from bench.polling import metric_value, scraped, wait_for
 from bench.sim.launch import sim_fleet
 from tests.openai_errors import assert_openai_error
 from tests.sim_gateway import model_env, sim_pods_and_gateway
@@ -132,7 +132,7 @@ def test_a_client_leaving_a_non_streamed_request_cancels_it_on_the_pod():
         client.start()
 
         def running() -> float:
-            return metric_value(httpx.get(f"{pod.url}/metrics").text, "vllm:num_requests_running")
+            return sum(scraped(pod.url, "vllm:num_requests_running"))
 
         wait_for(lambda: running() == 1, timeout=5, what="the pod to start the request")
         client.join()

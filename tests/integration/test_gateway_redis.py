@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from bench.gateway_proc import run_gateway
-from bench.polling import metric_value, wait_for
+from bench.polling import scraped, wait_for
 from bench.prompts import text_of_tokens
 from bench.redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
 from bench.sim.launch import sim_fleet
@@ -28,7 +28,7 @@ def _spec(pod) -> str:
 
 
 def _metric(url: str, name: str) -> float:
-    return metric_value(httpx.get(f"{url}/metrics").text, name)
+    return sum(scraped(url, name))
 
 
 def _held_by(url: str, prompt: str) -> dict:

@@ -160,9 +160,7 @@ def test_client_disconnect_cancels_the_upstream_request(gateway, fleet):
         next(r.iter_bytes())
     # The gateway must close its upstream stream, so the pod stops generating.
     wait_for(
-        lambda: (
-            metric_value(httpx.get(f"{pod.url}/metrics").text, "vllm:num_requests_running") == 0
-        ),
+        lambda: sum(scraped(pod.url, "vllm:num_requests_running")) == 0,
         timeout=5,
         what=f"{pod.name} to stop generating",
         poll=0.1,
