@@ -44,8 +44,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -176,22 +175,25 @@ class Bench:
     progress: _Progress
     reps: int
 
+    @property
+    def cuda(self) -> bool:
+        return self.device.startswith("cuda")
 
-@contextmanager
-def _no_grad(torch: Any) -> Iterator[None]:
-    with torch.inference_mode():
-        yield
+    @property
+    def dtype(self) -> Any:
+        """bf16 on a GPU, as served; fp32 on a CPU, where the check runs."""
+        return self.torch.bfloat16 if self.cuda else self.torch.float32
 
 
-def _build_model(torch: Any, shape: dict[str, Any], device: str) -> Any:
+def _build_model(b: Bench, shape: dict[str, Any]) -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    torch = b.torch
     config = LlamaConfig(**shape)
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
+    torch.set_default_dtype(b.dtype)
     try:
-        with torch.device(device):
+        with torch.device(b.device):
             model = LlamaForCausalLM(config)
     finally:
         torch.set_default_dtype(previous)
@@ -266,7 +268,7 @@ def measure_attention_behind_cache(
 
     heads = shape["num_attention_heads"]
     head_dim = shape["hidden_size"] // heads
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    dtype = b.dtype
     rows: list[dict[str, Any]] = []
     for cached in contexts:
         total = cached + new_tokens
@@ -332,7 +334,7 @@ def measure_graphed_decode(
     head_dim = config.hidden_size // heads
     eps = config.rms_norm_eps
     dtype = inner.embed_tokens.weight.dtype
-    cuda = device.startswith("cuda")
+    cuda = b.cuda
     rows: list[dict[str, Any]] = []
     for batch in batches:
         shape = (batch, kv_heads, context + 1, head_dim)
@@ -422,7 +424,7 @@ def measure_host_to_gpu(
     """Load ``n`` tokens' KV from pinned host memory as an offloader does: per layer."""
     torch, timer, device, progress = b.torch, b.timer, b.device, b.progress
     copies, per_token = _kv_layout(shape)
-    pinned = device.startswith("cuda")
+    pinned = b.cuda
     rows = []
     for n in tokens:
         host = [
@@ -462,7 +464,7 @@ def measure_file_to_gpu(
     """
     torch, timer, device, progress = b.torch, b.timer, b.device, b.progress
     copies, per_token = _kv_layout(shape)
-    pinned = device.startswith("cuda")
+    pinned = b.cuda
     reps = 5
     dropped = drop_page_cache
     rows = []
@@ -519,25 +521,25 @@ def run(device: str, shape: dict[str, Any], scratch: Path, reps: int) -> dict[st
     b = Bench(torch, device, _Timer(torch, device), progress, reps)
     result: dict[str, Any] = {"device": device, "shape": shape, "torch": torch.__version__}
     try:
-        if device.startswith("cuda"):
+        if b.cuda:
             result["gpu"] = torch.cuda.get_device_name(0)
         bandwidth = measure_device_bandwidth(b, 0.25 if tiny else 4.0)
         result["device_bandwidth_bytes_per_s"] = bandwidth
         progress.step(f"device copy: {bandwidth / 1e12:.2f} TB/s")
         began = time.perf_counter()
-        model = _build_model(torch, shape, device)
+        model = _build_model(b, shape)
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         result["weight_bytes"] = weight_bytes
         result["decode_floor_s"] = weight_bytes / bandwidth
         progress.step(f"model built in {time.perf_counter() - began:.1f} s")
-        with _no_grad(torch):
+        with torch.inference_mode():
             prefill = measure_prefill(b, model, prefill_tokens)
             behind = measure_behind_cache(b, model, contexts, NEW_TOKENS_BEHIND_CACHE)
             batched = measure_batched_prefill(b, model, batched_tokens)
             decode = measure_decode(b, model, batches, context, 4 * reps)
             graphed = measure_graphed_decode(b, model, batches, context, 4 * reps)
         del model
-        if device.startswith("cuda"):
+        if b.cuda:
             torch.cuda.empty_cache()
         attention = measure_attention_behind_cache(b, shape, contexts, NEW_TOKENS_BEHIND_CACHE)
         host = measure_host_to_gpu(b, shape, copy_tokens)
