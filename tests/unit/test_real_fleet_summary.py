@@ -307,7 +307,8 @@ def test_each_cell_runs_once_unmeasured_before_the_measured_cells(tmp_path, monk
 
     calls, sampled = [], []
 
-    def run_cell(plan, specs, urls, cell_name, router, seed, requests_out=None, speed=None):
+    def run_cell(plan, specs, urls, cell_name, router, seed, requests_out=None, speed=None,
+                 rate_rps=None):  # fmt: skip
         calls.append((cell_name, router, seed))
         sampled.append(speed is not None)
         return cell(router, seed, 40)
@@ -413,3 +414,77 @@ def test_the_real_benchmark_cli_passes_pod_nice_to_the_plan(monkeypatch, tmp_pat
     args = parser.parse_args(["real", "--pod-nice", "7", "--out", str(tmp_path)])
     args.bench_func(args)
     assert plans[0].pod_nice == 7
+
+
+def test_a_share_of_capacity_is_read_from_poisson_percent_loads_only():
+    from bench.real_fleet import capacity_share
+
+    assert capacity_share("poisson:67%") == pytest.approx(0.67)
+    assert capacity_share("poisson:8") is None
+    assert capacity_share("closed:4") is None
+    for bad in ("poisson:0%", "poisson:-5%", "poisson:x%"):
+        with pytest.raises(ValueError):
+            capacity_share(bad)
+
+
+def test_the_report_says_what_capacity_a_percent_cell_ran_at(tmp_path):
+    from bench.calibrate import PrefillFit
+    from bench.real_fleet import Capacity, RealPlan, write_report
+
+    cells = [RealCell("users", "poisson:67%", "kv-aware", 0, p50_ms=20, p90_ms=40, p99_ms=60,
+                      cached=0.9, per_pod=[48, 48], rate_rps=4.02)]  # fmt: skip
+    capacities = {"users": Capacity("users", 6.0, 96, 16.0)}
+    write_report(RealPlan(), PrefillFit(0.001, 20_000.0, ()), {}, cells, summarize(cells),
+                 tmp_path, capacities)  # fmt: skip
+    report = (tmp_path / "report.md").read_text()
+    assert "users 6.00 req/s (96 requests in 16.0 s)" in report
+    assert "sent at users@poisson:67% 4.02 req/s" in report
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["capacities"]["users"]["rps"] == 6.0
+
+
+def test_percent_cells_run_at_their_share_of_the_capacity_measured_once_per_workload(
+    tmp_path, monkeypatch
+):
+    import contextlib
+
+    from rich.console import Console
+
+    import bench.real_fleet as rf
+    from bench.calibrate import PrefillFit
+
+    class FakePod:
+        url, events_endpoint, replay_endpoint = "http://pod", "tcp://e", "tcp://r"
+
+    @contextlib.contextmanager
+    def pods(n, log_dir, pin_cores, niceness=0):
+        yield [FakePod() for _ in range(n)]
+
+    probed, rates = [], {}
+
+    def capacity(plan, specs, urls, name):
+        probed.append(name)
+        return rf.Capacity(name, {"users": 6.0, "users-shuffled": 8.0}[name], 96, 12.0)
+
+    def run_cell(plan, specs, urls, cell_name, router, seed, requests_out=None, speed=None,
+                 rate_rps=None):  # fmt: skip
+        rates.setdefault(cell_name, set()).add(rate_rps)
+        return cell(router, seed, 40)
+
+    monkeypatch.setattr(rf, "real_pods", pods)
+    monkeypatch.setattr(rf, "measure_pod", lambda url: PrefillFit(0.001, 20_000.0, ()))
+    monkeypatch.setattr(rf, "measure_capacity", capacity)
+    monkeypatch.setattr(rf, "run_real_cell", run_cell)
+    monkeypatch.setattr(rf, "write_report", lambda *args: None)
+    cells = ["chat@closed:4", "users@poisson:50%", "users@poisson:8",
+             "users@poisson:100%", "users-shuffled@poisson:67%"]  # fmt: skip
+    plan = rf.RealPlan(routers=["kv-aware"], cells=cells, seeds=[0, 1])
+    rf.run_real(plan, tmp_path, Console(file=open(tmp_path / "log", "w")))  # noqa: SIM115
+    assert probed == ["users", "users-shuffled"]  # once per workload, before any cell
+    assert rates["chat@closed:4"] == {None} and rates["users@poisson:8"] == {None}
+    assert rates["users@poisson:50%"] == {3.0}  # warm-up and measured cells alike
+    assert rates["users@poisson:100%"] == {6.0}
+    (shuffled,) = rates["users-shuffled@poisson:67%"]
+    assert shuffled == pytest.approx(0.67 * 8.0)
+    with pytest.raises(ValueError):  # before any pod starts
+        rf.run_real(rf.RealPlan(cells=["users@poisson:0%"]), tmp_path, Console(file=None))
