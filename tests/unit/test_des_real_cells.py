@@ -75,3 +75,17 @@ def test_kv_aware_spreads_the_users_cell_like_round_robin_once_pods_have_room(ca
     assert kv_p90 <= 1.1 * rr_p90
     assert all(max(s.per_pod.values()) < 0.75 * s.requests for s in kv)  # both pods serve
     assert min(s.cached_ratio for s in kv) >= 0.89
+
+
+def test_a_fit_that_found_no_running_cost_still_decodes_one_token_a_step(tmp_path):
+    # A slow, noisy machine measured 245, 267 and 226 ms beside 0, 2 and 4 running
+    # requests: a flat line, s_per_running 0. A decode step of 0 divided by zero.
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"fit": {"overhead_s": 0.0, "tokens_per_s": 2134.0,
+                                        "s_per_running": 0.0}}))  # fmt: skip
+    spec = real_cells.real_pod_spec(real_cells.load_fit(path))
+    assert spec.timing.itl_s(1) == real_cells.DEFAULT_FIT.s_per_running
+    assert spec.timing.beside_running_s(2) == 0.0  # what the fit measured stays
+    args = _args("--real-cells", "chat@closed:4", "--real-fit", str(path))
+    (summary,) = cli.run_real_cells(args, ["kv-aware"])
+    assert summary.requests == 72
