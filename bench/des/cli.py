@@ -226,10 +226,11 @@ def run_real_cells(args: argparse.Namespace, strategies: list[str]) -> list[DesS
     over_seeds: dict[tuple[str, str], list[DesSummary]] = {}
     seeds = args.seeds or [args.seed]
     with _progress() as bar:
+        rates = _capacity_rates(args, _csv(args.real_cells), spec, bar)
         for cell in _csv(args.real_cells):
             for seed in seeds:
                 for strategy in strategies:
-                    inp = real_cells.cell_input(cell, seed, strategy)
+                    inp = real_cells.cell_input(cell, seed, strategy, rates.get(cell))
                     options = _strategy_options(strategy, kv_base, args.strategy_options)
                     label = f"{cell} seed {seed}: {strategy}"
                     summary = _run(args, inp.requests, inp.size, args.pods or 2, strategy,
@@ -242,6 +243,32 @@ def run_real_cells(args: argparse.Namespace, strategies: list[str]) -> list[DesS
     )
     print_over_seeds(over_seeds, f"{title}, seeds {','.join(map(str, seeds))}")
     return summaries
+
+
+def _capacity_rates(
+    args: argparse.Namespace, cells: list[str], spec: DesPodSpec, bar: Progress
+) -> dict[str, float]:
+    """The Poisson rate of each ``poisson:N%`` cell: N% of what the simulated pods
+    complete of its workload under ``kvgate bench real``'s capacity probe."""
+    from bench.des import real_cells
+    from bench.real_fleet import CAPACITY_ROUTER, capacity_share
+
+    capacity: dict[str, float] = {}
+    rates: dict[str, float] = {}
+    for cell in cells:
+        name, _, load = cell.partition("@")
+        share = capacity_share(load)
+        if share is None:
+            continue
+        if name not in capacity:
+            inp = real_cells.capacity_input(name)
+            probe = _run(args, inp.requests, inp.size, args.pods or 2, CAPACITY_ROUTER, spec,
+                         None, inp.concurrency, bar, f"capacity of {name}")  # fmt: skip
+            capacity[name] = probe.requests / probe.simulated_s
+            bar.console.print(f"capacity of {name}: {capacity[name]:.2f} req/s (simulated)")
+        rates[cell] = share * capacity[name]
+        bar.console.print(f"{cell}: {rates[cell]:.2f} req/s")
+    return rates
 
 
 def run_des_cli(args: argparse.Namespace) -> int:

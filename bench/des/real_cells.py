@@ -104,12 +104,22 @@ def kv_aware_options(fit: PrefillFit) -> dict[str, Any]:
     return {"cost_model": fit.cost_model(BLOCK_SIZE)}
 
 
-def cell_input(cell: str, seed: int, router: str) -> Any:
+def cell_input(cell: str, seed: int, router: str, rate_rps: float | None = None) -> Any:
     """One ``WORKLOAD@LOAD`` cell as DES requests, with the prompts ``kvgate bench
-    real`` gives ``router`` on ``seed`` and the same arrivals."""
+    real`` gives ``router`` on ``seed`` and the same arrivals. ``rate_rps``: the Poisson
+    rate of a ``poisson:N%`` cell (``capacity_input`` measures what it is a share of)."""
     from bench.des.presets import workload_input
     from bench.real_fleet import make_workload, prompt_seed
 
     name, _, load = cell.partition("@")
     workload = make_workload(name, prompt_seed(seed, router, cell))
-    return workload_input(workload, Load.parse(load), seed, BLOCK_SIZE)
+    arrivals = Load("poisson", rate_rps) if rate_rps is not None else Load.parse(load)
+    return workload_input(workload, arrivals, seed, BLOCK_SIZE)
+
+
+def capacity_input(workload: str) -> Any:
+    """The capacity probe of ``kvgate bench real`` as DES requests: the workload's
+    requests from its closed-loop users, with the probe's prompts."""
+    from bench.real_fleet import CAPACITY_ROUTER, CAPACITY_SEED, CAPACITY_USERS
+
+    return cell_input(f"{workload}@closed:{CAPACITY_USERS}", CAPACITY_SEED, CAPACITY_ROUTER)

@@ -89,3 +89,21 @@ def test_a_fit_that_found_no_running_cost_still_decodes_one_token_a_step(tmp_pat
     args = _args("--real-cells", "chat@closed:4", "--real-fit", str(path))
     (summary,) = cli.run_real_cells(args, ["kv-aware"])
     assert summary.requests == 72
+
+
+def test_a_percent_cell_runs_at_its_share_of_the_simulated_pods_capacity(capsys):
+    args = _args("--real-cells", "users@poisson:50%,users@poisson:100%")
+    from bench.des.cli import _capacity_rates, _progress
+
+    with _progress() as bar:
+        rates = _capacity_rates(args, args.real_cells.split(","), real_cells.real_pod_spec(
+            real_cells.DEFAULT_FIT), bar)  # fmt: skip
+    assert "capacity of users:" in capsys.readouterr().out  # measured once, said
+    half, full = rates["users@poisson:50%"], rates["users@poisson:100%"]
+    assert full == pytest.approx(2 * half)
+    # Two pods of ~16k tokens/s, each of the 96 requests ~100-1,600 tokens uncached:
+    # tens of requests a second.
+    assert 10 < full < 200
+    inp = real_cells.cell_input("users@poisson:50%", 0, "kv-aware", half)
+    arrivals = [r.arrival_s for r in inp.requests]
+    assert (len(arrivals) - 1) / (arrivals[-1] - arrivals[0]) == pytest.approx(half, rel=0.3)
