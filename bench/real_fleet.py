@@ -451,8 +451,6 @@ def run_real(plan: RealPlan, out: Path, console: Console | None = None) -> list[
             f"queued overhead share {_share(fit)}"
         )
         kv_options = plan.kv_options or {"cost_model": fit.cost_model(BLOCK_SIZE)}
-        rates: dict[str, float] = {}
-        capacities: dict[str, Capacity] = {}
         with (
             _environment(
                 {
@@ -868,7 +866,8 @@ def write_report(
     images = []
     for workload, load in dict.fromkeys((s.workload, s.load) for s in summaries):
         group = [s for s in summaries if (s.workload, s.load) == (workload, load)]
-        name = f"real-{workload}-{load.replace(':', '-')}.png"
+        # A URL reads "%" as an escape: "poisson:67%" is named "poisson-67pct".
+        name = f"real-{workload}-{load.replace(':', '-').replace('%', 'pct')}.png"
         real_fleet_p90(group, f"{workload}, {load}: TTFT p90 over seeds", out / name)
         images.append(name)
     lines = [

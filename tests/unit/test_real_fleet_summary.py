@@ -441,6 +441,9 @@ def test_the_report_says_what_capacity_a_percent_cell_ran_at(tmp_path):
     assert "sent at users@poisson:67% 4.02 req/s" in report
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["capacities"]["users"]["rps"] == 6.0
+    # The plot's link must survive a Markdown renderer: no "%" escape in its name.
+    assert "![real-users-poisson-67pct.png](real-users-poisson-67pct.png)" in report
+    assert (tmp_path / "real-users-poisson-67pct.png").exists()
 
 
 def test_percent_cells_run_at_their_share_of_the_capacity_measured_once_per_workload(
