@@ -25,7 +25,10 @@ Sockets: every worker listens on the serving port with its own ``SO_REUSEPORT``
 socket (the kernel spreads connections over them evenly; one shared socket lets the
 least busy process take most keep-alive connections), while the supervisor keeps a
 bound, non-listening socket of that group so the port stays reserved between worker
-restarts. The admin listener is one socket, bound by the supervisor and served by
+restarts. A worker's socket starts listening only once its app has started (uvicorn
+listens when it starts serving), so a restarting worker is handed no connections
+while its siblings could serve them; before any worker is up, a connection is
+refused rather than held. The admin listener is one socket, bound by the supervisor and served by
 every worker: any worker can answer index questions, and an event batch posted to
 one reaches the others over the bus.
 """

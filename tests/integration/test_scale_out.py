@@ -221,12 +221,39 @@ def test_a_worker_that_dies_is_replaced_and_the_port_keeps_serving(fleet, system
                             20, what="the supervisor to start a new worker")  # fmt: skip
         wait_for(lambda: httpx.get(f"{gw}/ready", timeout=2).status_code == 200, 20,
                  what="the gateway to be ready")  # fmt: skip
-        served = {_chat(gw, system_prompt, f"after {i}").headers["x-kvgate-worker"]
-                  for i in range(16)}  # fmt: skip
+        # The new worker takes connections once its app has started (until then the
+        # survivor answers /ready for the port): each worker serves a chat in the end.
+        served: set[str] = set()
+        wait_for(lambda: served.add(_chat(gw, system_prompt, "after").headers["x-kvgate-worker"])
+                 or served == {"0", "1"}, 20, what="both workers to serve chats")  # fmt: skip
         in_flight = scraped(gw, "kvgate_pod_in_flight_requests")
 
     assert len(replaced) == 2 and served == {"0", "1"}
     assert in_flight and not any(in_flight)
+
+
+def test_a_restarting_worker_takes_no_connections_until_it_can_serve_them(fleet):
+    """A worker joins the port's SO_REUSEPORT group only once its app has started:
+    listening earlier, the kernel handed it a share of new connections that waited
+    out its startup (a readiness probe with a 2 s timeout once timed out there)."""
+    with run_gateway([(p.name, _spec(p)) for p in fleet], strategy="kv-aware", env=_env(),
+                     workers=2) as gw:  # fmt: skip
+        victim = min(_children(gw.pid))
+        os.kill(victim, signal.SIGKILL)
+        seconds, served_by = [], set()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            children = _children(gw.pid)
+            started = time.monotonic()
+            with httpx.Client(timeout=10) as client:  # a new connection each time
+                r = client.get(f"{gw}/health")
+            seconds.append(time.monotonic() - started)
+            served_by.add(r.headers["x-kvgate-worker"])
+            if len(children) == 2 and victim not in children and served_by == {"0", "1"}:
+                break
+    assert served_by == {"0", "1"}  # the new worker did take connections in the end
+    assert len(seconds) > 3
+    assert max(seconds) < 1.0, sorted(seconds)[-5:]
 
 
 # -- replicas sharing load through Redis --------------------------------------------------
