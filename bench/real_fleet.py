@@ -27,7 +27,7 @@ import os
 import statistics
 import time
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -367,36 +367,55 @@ def measure_capacity(plan: RealPlan, specs: list[str], urls: list[str], name: st
     (the pods measured 34 to 544 µs a token at the start of runs days apart), so a fixed
     8 req/s left the pods nearly idle on fast days and past capacity on slow ones;
     "two thirds of capacity" has to be found on the day."""
-    workload = make_workload(name, prompt_seed(CAPACITY_SEED, CAPACITY_ROUTER, name))
+    cell = capacity_cell(name)
+    workload = make_workload(name, prompt_seed(CAPACITY_SEED, CAPACITY_ROUTER, cell))
     reset_caches(urls)
-    out = _run_on_pods(
-        plan, specs, workload, Load("closed", CAPACITY_USERS), CAPACITY_ROUTER, CAPACITY_SEED
-    )
+    load = Load.parse(cell.partition("@")[2])
+    out = _run_on_pods(plan, specs, workload, load, CAPACITY_ROUTER, CAPACITY_SEED)
     rps, n, seconds = completed_rps(out.results)
     if rps <= 0:
         raise RuntimeError(f"capacity probe of {name!r} completed {n} requests: {out.skipped}")
     return Capacity(name, rps, n, seconds)
 
 
+def capacity_cell(workload: str) -> str:
+    """The capacity probe of ``workload`` as a cell (its prompts are seeded by it)."""
+    return f"{workload}@closed:{CAPACITY_USERS}"
+
+
+def share_rates(cells: Sequence[str], capacity_rps: Callable[[str], float]) -> dict[str, float]:
+    """Each ``poisson:N%`` cell's rate: N% of ``capacity_rps(workload)``, asked once per
+    workload (the real pods' probe, or the DES's)."""
+    capacity: dict[str, float] = {}
+    rates: dict[str, float] = {}
+    for cell in cells:
+        name, _, load = cell.partition("@")
+        share = capacity_share(load)
+        if share is None:
+            continue
+        if name not in capacity:
+            capacity[name] = capacity_rps(name)
+        rates[cell] = share * capacity[name]
+    return rates
+
+
 def resolve_rates(
     plan: RealPlan, specs: list[str], urls: list[str], console: Console
 ) -> tuple[dict[str, float], dict[str, Capacity]]:
     """The arrival rate of each ``poisson:N%`` cell, from each workload's capacity."""
-    shares = {c: capacity_share(c.partition("@")[2]) for c in plan.cells}
     capacities: dict[str, Capacity] = {}
-    rates: dict[str, float] = {}
-    for cell, share in shares.items():
-        if share is None:
-            continue
-        name = cell.partition("@")[0]
-        if name not in capacities:
-            capacities[name] = cap = measure_capacity(plan, specs, urls, name)
-            console.print(
-                f"capacity of {name}: {cap.rps:.2f} req/s ({cap.requests} requests in "
-                f"{cap.seconds:.1f} s, {CAPACITY_USERS} closed-loop users, {CAPACITY_ROUTER})"
-            )
-        rates[cell] = share * capacities[name].rps
-        console.print(f"{cell}: {rates[cell]:.2f} req/s")
+
+    def probe(name: str) -> float:
+        cap = capacities[name] = measure_capacity(plan, specs, urls, name)
+        console.print(
+            f"capacity of {name}: {cap.rps:.2f} req/s ({cap.requests} requests in "
+            f"{cap.seconds:.1f} s, {CAPACITY_USERS} closed-loop users, {CAPACITY_ROUTER})"
+        )
+        return cap.rps
+
+    rates = share_rates(plan.cells, probe)
+    for cell, rate in rates.items():
+        console.print(f"{cell}: {rate:.2f} req/s")
     return rates, capacities
 
 

@@ -251,23 +251,19 @@ def _capacity_rates(
     """The Poisson rate of each ``poisson:N%`` cell: N% of what the simulated pods
     complete of its workload under ``kvgate bench real``'s capacity probe."""
     from bench.des import real_cells
-    from bench.real_fleet import CAPACITY_ROUTER, capacity_share
+    from bench.real_fleet import CAPACITY_ROUTER, share_rates
 
-    capacity: dict[str, float] = {}
-    rates: dict[str, float] = {}
-    for cell in cells:
-        name, _, load = cell.partition("@")
-        share = capacity_share(load)
-        if share is None:
-            continue
-        if name not in capacity:
-            inp = real_cells.capacity_input(name)
-            probe = _run(args, inp.requests, inp.size, args.pods or 2, CAPACITY_ROUTER, spec,
-                         None, inp.concurrency, bar, f"capacity of {name}")  # fmt: skip
-            capacity[name] = probe.requests / probe.simulated_s
-            bar.console.print(f"capacity of {name}: {capacity[name]:.2f} req/s (simulated)")
-        rates[cell] = share * capacity[name]
-        bar.console.print(f"{cell}: {rates[cell]:.2f} req/s")
+    def probe(name: str) -> float:
+        inp = real_cells.capacity_input(name)
+        run = _run(args, inp.requests, inp.size, args.pods or 2, CAPACITY_ROUTER, spec,
+                   None, inp.concurrency, bar, f"capacity of {name}")  # fmt: skip
+        rps = run.requests / run.simulated_s
+        bar.console.print(f"capacity of {name}: {rps:.2f} req/s (simulated)")
+        return rps
+
+    rates = share_rates(cells, probe)
+    for cell, rate in rates.items():
+        bar.console.print(f"{cell}: {rate:.2f} req/s")
     return rates
 
 

@@ -120,6 +120,6 @@ def cell_input(cell: str, seed: int, router: str, rate_rps: float | None = None)
 def capacity_input(workload: str) -> Any:
     """The capacity probe of ``kvgate bench real`` as DES requests: the workload's
     requests from its closed-loop users, with the probe's prompts."""
-    from bench.real_fleet import CAPACITY_ROUTER, CAPACITY_SEED, CAPACITY_USERS
+    from bench.real_fleet import CAPACITY_ROUTER, CAPACITY_SEED, capacity_cell
 
-    return cell_input(f"{workload}@closed:{CAPACITY_USERS}", CAPACITY_SEED, CAPACITY_ROUTER)
+    return cell_input(capacity_cell(workload), CAPACITY_SEED, CAPACITY_ROUTER)
