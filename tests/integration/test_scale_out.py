@@ -208,11 +208,26 @@ def _children(pid: int) -> set[int]:
     return {int(c) for c in text.split()}
 
 
+def _until_both_workers_serve(gw) -> None:
+    """``/ready`` answers once one worker listens; the other may be starting still, and
+    killing the only listener then leaves the port refusing connections until the
+    supervisor's new worker is up."""
+    served: set[str] = set()
+
+    def fresh_connection() -> bool:
+        with httpx.Client(timeout=5) as client:
+            served.add(client.get(f"{gw}/health").headers["x-kvgate-worker"])
+        return served == {"0", "1"}
+
+    wait_for(fresh_connection, 20, what="both workers to take connections")
+
+
 def test_a_worker_that_dies_is_replaced_and_the_port_keeps_serving(fleet, system_prompt):
     with run_gateway([(p.name, _spec(p)) for p in fleet], strategy="kv-aware", env=_env(),
                      workers=2) as gw:  # fmt: skip
         workers = _children(gw.pid)
         assert len(workers) == 2
+        _until_both_workers_serve(gw)
         victim = min(workers)
         os.kill(victim, signal.SIGKILL)
 
@@ -238,6 +253,7 @@ def test_a_restarting_worker_takes_no_connections_until_it_can_serve_them(fleet)
     out its startup (a readiness probe with a 2 s timeout once timed out there)."""
     with run_gateway([(p.name, _spec(p)) for p in fleet], strategy="kv-aware", env=_env(),
                      workers=2) as gw:  # fmt: skip
+        _until_both_workers_serve(gw)
         victim = min(_children(gw.pid))
         os.kill(victim, signal.SIGKILL)
         seconds, served_by = [], set()
