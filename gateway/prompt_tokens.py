@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Sequence
+from array import array
+from collections.abc import Callable, Iterable, Sequence
 
 import httpx
 
@@ -62,6 +63,25 @@ class PromptTokens:
         self._engine_cache = TokenCache(DEFAULT_CACHE_TOKENS, ENTRY_TOKENS)
         self._engines: dict[str, EngineTokenizer] = {}
         self._rotation = 0
+        self._on_prefix: Callable[[str, bytes, array[int]], None] | None = None
+
+    def share_prefixes(self, publish: Callable[[str, bytes, array[int]], None]) -> None:
+        """Give ``publish`` (model, key, ids) each prompt prefix a local tokenizer newly
+        keeps; ``learn_prefix`` takes another process's (the sibling workers')."""
+        self._on_prefix = publish
+        for model, tok in self._local.items():
+            self._hook(model, tok)
+
+    def learn_prefix(self, model: str, key: bytes, ids: array[int]) -> bool:
+        """Keep a prefix of ``model``'s that another process encoded; False if this
+        process has no local tokenizer of it loaded (nothing is built for it here)."""
+        tok = self._local.get(model)
+        return tok is not None and tok.learn_prefix(key, ids)
+
+    def _hook(self, model: str, tok: Tokenization) -> None:
+        publish = self._on_prefix
+        if publish is not None:
+            tok.on_prefix = lambda key, ids: publish(model, key, ids)
 
     def tokenization(self, model: str) -> Tokenization:
         tok = self._local.get(model) or self._by_engine.touch(model)
@@ -73,6 +93,7 @@ class PromptTokens:
     def _keep(self, model: str, tok: Tokenization) -> None:
         if tok.local is not None:
             self._local[model] = tok
+            self._hook(model, tok)
         else:
             self._by_engine.put(model, tok)
 

@@ -96,6 +96,7 @@ def scale_out(
             metrics=SiblingMetrics(prometheus),
         )  # fmt: skip
         kv.peers = out.siblings
+        kv.tokens.share_prefixes(out.siblings.prefix_tokenized)
         if worker.publishes_fleet_load:
             own, sink = table.host_totals, table.set_remote
     elif shared_index and so.share_load:

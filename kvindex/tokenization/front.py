@@ -139,6 +139,22 @@ class Tokenization:
             if self.local is not None
             else None
         )
+        # Told of the prefix newly kept of each chat that continues a conversation (its
+        # cache key and ids): another process serving the same clients (``--workers N``)
+        # keeps it too, so the next turn, sent on a connection the kernel gave that
+        # process, is not encoded again from its start there. A first turn's is not
+        # told: most prompts with no answer in them are never extended (a new question
+        # on a shared system prompt), and what they share, the siblings' own segment
+        # caches hold.
+        self.on_prefix: Callable[[bytes, array[int]], None] | None = None
+
+    def learn_prefix(self, key: bytes, ids: array[int]) -> bool:
+        """Keep a prefix another process encoded (``on_prefix`` there); False if this
+        tokenization keeps no prefixes (no local tokenizer, or one not segmented)."""
+        if self.incremental is None:
+            return False
+        self.cache.put_array(key, ids)
+        return True
 
     async def chat(
         self, prompt: ChatPrompt, *, engine: EngineTokenizer | None = None
@@ -183,15 +199,18 @@ class Tokenization:
         else:
             text = self.local.render_chat(prompt)
         special = prompt.add_special_tokens
-        return await self._local_encode(b"chat+special" if special else b"chat", text, special)
+        kind = b"chat+special" if special else b"chat"
+        return await self._local_encode(kind, text, special, _continues(prompt))
 
     async def _local_encode(
-        self, kind: bytes, text: str, add_special_tokens: bool
+        self, kind: bytes, text: str, add_special_tokens: bool, continues: bool = False
     ) -> Sequence[int]:
+        """``continues``: the text is a conversation with an answer in it already, whose
+        next turn will extend it (its prefix goes to ``on_prefix``)."""
         assert self.local is not None
         inc = self.incremental
         if inc is not None and inc.handles(add_special_tokens):
-            return await self._incremental(inc, text, add_special_tokens)
+            return await self._incremental(inc, text, add_special_tokens, continues)
         key = _key(kind, text)
         cached = self.cache.get(key)
         if cached is not None:
@@ -209,7 +228,7 @@ class Tokenization:
         return ids
 
     async def _incremental(
-        self, inc: IncrementalEncoder, text: str, add_special_tokens: bool
+        self, inc: IncrementalEncoder, text: str, add_special_tokens: bool, continues: bool
     ) -> Sequence[int]:
         """Only the segments no earlier prompt had are encoded, off the loop when long."""
         plan = inc.plan(text, add_special_tokens)
@@ -217,7 +236,7 @@ class Tokenization:
         self.stats.prefix_tokens += plan.prefix_tokens
         if not plan.missing:
             self.stats.hits += 1
-            return inc.finish(plan, [])
+            return self._finish(inc, plan, [], continues)
         self.stats.misses += 1
         self.stats.local += 1
         chars = plan.missing_chars
@@ -228,7 +247,17 @@ class Tokenization:
             self.stats.offloaded += 1
             encoded, seconds = await asyncio.to_thread(_encode_timed, inc, plan)
         self.offload.observe(chars, seconds)
-        return inc.finish(plan, encoded)
+        return self._finish(inc, plan, encoded, continues)
+
+    def _finish(
+        self, inc: IncrementalEncoder, plan: Plan, encoded: Sequence[Sequence[int]],
+        continues: bool,
+    ) -> array[int]:  # fmt: skip
+        ids = inc.finish(plan, encoded)
+        if continues and plan.prefix_ids is not None and self.on_prefix is not None:
+            assert plan.prefix_key is not None
+            self.on_prefix(plan.prefix_key, plan.prefix_ids)
+        return ids
 
     async def _via_engine(
         self, kind: bytes, request: dict[str, Any], call: Callable[[], Awaitable[list[int]]]
@@ -247,6 +276,11 @@ class Tokenization:
         self.stats.engine += 1
         self.cache.put(key, ids)
         return ids
+
+
+def _continues(prompt: ChatPrompt) -> bool:
+    """Whether the chat holds an earlier answer: a conversation past its first turn."""
+    return any(isinstance(m, Mapping) and m.get("role") == "assistant" for m in prompt.messages)
 
 
 def _encode_timed(inc: IncrementalEncoder, plan: Plan) -> tuple[list[list[int]], float]:

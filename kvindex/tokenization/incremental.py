@@ -71,6 +71,7 @@ class Plan:
     # how many leading ``parts`` cover it (None: nothing new to keep).
     prefix_key: bytes | None = None
     prefix_parts: int = 0
+    prefix_ids: array[int] | None = None  # what ``finish`` kept under ``prefix_key``
 
     @property
     def missing_chars(self) -> int:
@@ -164,7 +165,8 @@ class IncrementalEncoder:
             self._assemble(plan.parts, fresh, keys, out)
         else:
             self._assemble(plan.parts[: plan.prefix_parts], fresh, keys, out)
-            self.cache.put_array(plan.prefix_key, out[len(plan.around[0]) :])
+            plan.prefix_ids = out[len(plan.around[0]) :]
+            self.cache.put_array(plan.prefix_key, plan.prefix_ids)
             self._assemble(plan.parts[plan.prefix_parts :], fresh, keys, out)
         out.extend(plan.around[1])
         return out

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from array import array
 
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
+from bench.tinymodel import ensure_tokenizer
 from gateway import siblings
 from gateway.config import PodConfig, Settings
 from gateway.host_bus import HostBus
@@ -23,12 +25,15 @@ from gateway.siblings import (
     Siblings,
     decode_events,
     decode_prefix_routed,
+    decode_prefix_tokens,
     decode_speculation,
     encode_events,
     encode_prefix_routed,
+    encode_prefix_tokens,
     encode_speculation,
 )
 from kvindex.store import Stored
+from kvindex.tokenization.prompt import ChatPrompt
 from kvindex.types import PodPrefix, Tier
 from routing.core import Candidate, RoutingCore
 from routing.types import Reason
@@ -41,6 +46,9 @@ def test_messages_round_trip():
     hashes = [2**64 - 1, 0, 7]
     assert decode_prefix_routed(encode_prefix_routed("m/é", "pod-1", hashes)) == (
         "m/é", "pod-1", hashes)  # fmt: skip
+    ids = array("I", [0, 1, 2**32 - 1])
+    assert decode_prefix_tokens(encode_prefix_tokens("m/é", b"k" * 16, ids)) == (
+        "m/é", b"k" * 16, ids)  # fmt: skip
     body = b"[1.0, [], null]"
     assert decode_events(encode_events("p", body, "application/json")) == (
         "p", body, "application/json")  # fmt: skip
@@ -153,6 +161,9 @@ async def test_what_a_worker_could_not_send_or_apply_is_in_its_metrics(workers, 
     prom_a, prom_b = CollectorRegistry(), CollectorRegistry()
     a.peers.metrics, b.peers.metrics = SiblingMetrics(prom_a), SiblingMetrics(prom_b)
     monkeypatch.setattr(siblings, "MAX_PENDING_BYTES", 1)  # no speculation waits here
+    ids = array("I", [0, 1, 2**32 - 1])
+    assert decode_prefix_tokens(encode_prefix_tokens("m/é", b"k" * 16, ids)) == (
+        "m/é", b"k" * 16, ids)  # fmt: skip
     body = b"[1.0, [], null]"
     for _ in range(siblings.MAX_QUEUED_BODIES + 3):  # b's applying task is not running
         assert a.peers.events_posted("p", body, "application/json")
@@ -265,3 +276,76 @@ async def test_events_being_written_as_their_pod_leaves_leave_no_entries(workers
     await posting
     keys = a.keyer("m").keys_for(tokens, None, None)
     assert (await a.store.match(keys, 16)).pods == {}
+
+
+SYSTEM = "You answer questions about the harbour's tide tables. " * 40
+
+
+def _turns(n: int) -> list[dict[str, str]]:
+    """A conversation of ``n`` questions, the last unanswered."""
+    messages = [{"role": "system", "content": SYSTEM}]
+    for i in range(n):
+        messages.append({"role": "user", "content": f"When is high water on day {i}? " * 8})
+        if i < n - 1:
+            messages.append({"role": "assistant", "content": f"On day {i} at noon. " * 8})
+    return messages
+
+
+@pytest.mark.parametrize("shared", [True, False])
+async def test_a_conversations_next_turn_on_the_other_worker_encodes_only_what_is_new(shared):
+    """Worker 0 tokenizes turn 2 of a conversation; its sibling, given turn 3 (a new
+    connection the kernel gave it), takes turn 2's ids from the bus and encodes only the
+    answer and question after them. Without the bus it encodes the conversation from
+    its start. Either way the ids are the tokenizer's own."""
+    bus = HostBus(workers=2, ring_bytes=256 * 1024)
+    settings = Settings(
+        pods=[PodConfig(name="p", url="http://127.0.0.1:9", models=["tiny"])],
+        models={"tiny": {"tokenizer": str(ensure_tokenizer())}},
+    )
+    kvs, sibs = [], []
+    async with httpx.AsyncClient() as client:
+        for i in range(2):
+            prom = CollectorRegistry()
+            kv = KvIndex(settings, prom, client)
+            registry = PodRegistry(settings.pods, client, settings.health, GatewayMetrics(prom))
+            sib = Siblings(bus.endpoint(i), kv, registry, share_speculation=True,
+                           speculative_ttl_s=3.0)  # fmt: skip
+            if shared:
+                kv.tokens.share_prefixes(sib.prefix_tokenized)  # as gateway.scale_out does
+            kvs.append(kv)
+            sibs.append(sib)
+        first, second = (kv.tokens.tokenization("tiny") for kv in kvs)
+        await first.chat(ChatPrompt(messages=_turns(2)))
+        sibs[1].drain()
+        third_turn = ChatPrompt(messages=_turns(3))
+        ids = await second.chat(third_turn)
+
+        assert list(ids) == first.local.encode(first.local.render_chat(third_turn), False)
+        new_text = sum(len(m["content"]) for m in _turns(3)[-2:])
+        if shared:
+            assert second.stats.prefix_tokens > 0
+            assert second.stats.encoded_chars < 1.5 * new_text
+        else:
+            assert second.stats.prefix_tokens == 0
+            assert second.stats.encoded_chars > len(SYSTEM)
+        for kv in kvs:
+            await kv.close()
+
+
+async def test_a_first_turn_is_not_sent_to_the_siblings():
+    """A chat with no answer in it yet (most are never extended: a new question on a
+    shared system prompt) costs the siblings nothing."""
+    bus = HostBus(workers=2, ring_bytes=256 * 1024)
+    settings = Settings(models={"tiny": {"tokenizer": str(ensure_tokenizer())}})
+    async with httpx.AsyncClient() as client:
+        kv = KvIndex(settings, CollectorRegistry(), client)
+        registry = PodRegistry([], client, settings.health, GatewayMetrics(CollectorRegistry()))
+        sib = Siblings(bus.endpoint(0), kv, registry, share_speculation=True,
+                       speculative_ttl_s=3.0)  # fmt: skip
+        kv.tokens.share_prefixes(sib.prefix_tokenized)
+        tok = kv.tokens.tokenization("tiny")
+        await tok.chat(ChatPrompt(messages=_turns(1)))
+        assert sib.endpoint.published == 0
+        await tok.chat(ChatPrompt(messages=_turns(2)))
+        assert sib.endpoint.published == 1
+        await kv.close()
