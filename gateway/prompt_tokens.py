@@ -22,6 +22,7 @@ from array import array
 from collections.abc import Callable, Iterable, Sequence
 
 import httpx
+import xxhash
 
 from gateway.config import ModelSettings, Settings
 from gateway.openai_body import ParsedRequest
@@ -44,6 +45,9 @@ from kvindex.types import Bound
 
 log = logging.getLogger("kvgate.kv")
 
+# (model, tokenizer fingerprint, the prefix's cache key, its ids): a new prefix, told
+SharePrefix = Callable[[str, bytes, bytes, "array[int]"], None]
+
 TOKENIZE_ATTEMPTS = 2  # pods asked for /tokenize before routing by load alone
 # Tokenizations kept of models without a local tokenizer. One is a few hundred bytes
 # (what the pods answered is in the shared cache), and one that falls out is made again
@@ -63,25 +67,32 @@ class PromptTokens:
         self._engine_cache = TokenCache(DEFAULT_CACHE_TOKENS, ENTRY_TOKENS)
         self._engines: dict[str, EngineTokenizer] = {}
         self._rotation = 0
-        self._on_prefix: Callable[[str, bytes, array[int]], None] | None = None
+        self._on_prefix: SharePrefix | None = None
 
-    def share_prefixes(self, publish: Callable[[str, bytes, array[int]], None]) -> None:
-        """Give ``publish`` (model, key, ids) each prompt prefix a local tokenizer newly
-        keeps; ``learn_prefix`` takes another process's (the sibling workers')."""
+    def share_prefixes(self, publish: SharePrefix) -> None:
+        """Give ``publish`` (model, tokenizer fingerprint, key, ids) each prompt prefix
+        a local tokenizer newly keeps; ``learn_prefix`` takes another process's (the
+        sibling workers')."""
         self._on_prefix = publish
         for model, tok in self._local.items():
             self._hook(model, tok)
 
-    def learn_prefix(self, model: str, key: bytes, ids: array[int]) -> bool:
+    def learn_prefix(self, model: str, fingerprint: bytes, key: bytes, ids: array[int]) -> bool:
         """Keep a prefix of ``model``'s that another process encoded; False if this
-        process has no local tokenizer of it loaded (nothing is built for it here)."""
+        process has no local tokenizer of it loaded (nothing is built for it here) or
+        another one than the sender's (a reload reached one process first: ids of the
+        old tokenizer would stand in the new one's cache for a text it encodes
+        otherwise)."""
         tok = self._local.get(model)
-        return tok is not None and tok.learn_prefix(key, ids)
+        if tok is None or fingerprint != tokenizer_fingerprint(self._s, model):
+            return False
+        return tok.learn_prefix(key, ids)
 
     def _hook(self, model: str, tok: Tokenization) -> None:
         publish = self._on_prefix
         if publish is not None:
-            tok.on_prefix = lambda key, ids: publish(model, key, ids)
+            fingerprint = tokenizer_fingerprint(self._s, model)
+            tok.on_prefix = lambda key, ids: publish(model, fingerprint, key, ids)
 
     def tokenization(self, model: str) -> Tokenization:
         tok = self._local.get(model) or self._by_engine.touch(model)
@@ -246,6 +257,12 @@ def _warm_tokenizer(tok: Tokenization) -> Tokenization:
 
 def _loaded_tokenization(model: str, ms: ModelSettings, engine_cache: TokenCache) -> Tokenization:
     return _warm_tokenizer(build_tokenization(model, ms, engine_cache))
+
+
+def tokenizer_fingerprint(settings: Settings, model: str) -> bytes:
+    """8 bytes naming the tokenizer ``settings`` give ``model`` (what a reload compares):
+    the same in every process with the same settings."""
+    return xxhash.xxh64_digest(repr(_tokenizer_of(settings, model)).encode())
 
 
 def _tokenizer_of(settings: Settings, model: str) -> tuple[str | None, str]:

@@ -82,7 +82,7 @@ MAX_PENDING_BYTES = 4 << 20
 _SPEC_HEAD = struct.Struct("<dH")  # deadline (monotonic s), pod name length
 _EVENTS_HEAD = struct.Struct("<HH")  # pod name length, content type length
 _ROUTED_HEAD = struct.Struct("<HH")  # model name length, pod name length
-_TOKENS_HEAD = struct.Struct("<H16s")  # model name length, the prefix's cache key
+_TOKENS_HEAD = struct.Struct("<H8s16s")  # model name length, tokenizer, the prefix's key
 # A prefix's ids take at most this share of a ring: a sibling that falls a whole ring
 # behind skips what it missed, posted KV events included.
 TOKENS_RING_SHARE = 16
@@ -132,17 +132,17 @@ def decode_prefix_routed(payload: bytes) -> tuple[str, str, list[int]]:
     return model, pod, _unpack_keys(payload[at + m + p :])
 
 
-def encode_prefix_tokens(model: str, key: bytes, ids: array[int]) -> bytes:
+def encode_prefix_tokens(model: str, fingerprint: bytes, key: bytes, ids: array[int]) -> bytes:
     m = model.encode()
-    return _TOKENS_HEAD.pack(len(m), key) + m + ids.tobytes()
+    return _TOKENS_HEAD.pack(len(m), fingerprint, key) + m + ids.tobytes()
 
 
-def decode_prefix_tokens(payload: bytes) -> tuple[str, bytes, array[int]]:
-    n, key = _TOKENS_HEAD.unpack_from(payload)
+def decode_prefix_tokens(payload: bytes) -> tuple[str, bytes, bytes, array[int]]:
+    n, fingerprint, key = _TOKENS_HEAD.unpack_from(payload)
     at = _TOKENS_HEAD.size
     ids = array("I")
     ids.frombytes(payload[at + n :])
-    return payload[at : at + n].decode(), key, ids
+    return payload[at : at + n].decode(), fingerprint, key, ids
 
 
 def encode_events(pod: str, body: bytes, content_type: str) -> bytes:
@@ -235,12 +235,13 @@ class Siblings:
             payload = encode_prefix_routed(routed.request.model, routed.pod, hashes)
             self.endpoint.publish(PREFIX_ROUTED, payload)
 
-    def prefix_tokenized(self, model: str, key: bytes, ids: array[int]) -> None:
+    def prefix_tokenized(self, model: str, fingerprint: bytes, key: bytes, ids: array[int]) -> None:
         """A local tokenizer here kept a new prompt prefix (``PromptTokens.share_prefixes``):
         the siblings keep it too, so the conversation's next turn, on a connection the
         kernel gave one of them, is encoded from where this one ended."""
         if 4 * len(ids) <= self._max_tokens_bytes:
-            self.endpoint.publish(PREFIX_TOKENS, encode_prefix_tokens(model, key, ids))
+            payload = encode_prefix_tokens(model, fingerprint, key, ids)
+            self.endpoint.publish(PREFIX_TOKENS, payload)
 
     def request_reload(self) -> None:
         """This worker was asked to reload its settings: the others must, too."""
@@ -262,8 +263,7 @@ class Siblings:
             strategy.learn(hashes, pod)
 
     def _on_prefix_tokens(self, sender: int, payload: bytes) -> None:
-        model, key, ids = decode_prefix_tokens(payload)
-        self._kv.tokens.learn_prefix(model, key, ids)
+        self._kv.tokens.learn_prefix(*decode_prefix_tokens(payload))
 
     def _on_speculation(self, sender: int, payload: bytes) -> None:
         """Keep it for a lookup of its first key (see the module docstring)."""

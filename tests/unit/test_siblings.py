@@ -47,8 +47,8 @@ def test_messages_round_trip():
     assert decode_prefix_routed(encode_prefix_routed("m/é", "pod-1", hashes)) == (
         "m/é", "pod-1", hashes)  # fmt: skip
     ids = array("I", [0, 1, 2**32 - 1])
-    assert decode_prefix_tokens(encode_prefix_tokens("m/é", b"k" * 16, ids)) == (
-        "m/é", b"k" * 16, ids)  # fmt: skip
+    assert decode_prefix_tokens(encode_prefix_tokens("m/é", b"f" * 8, b"k" * 16, ids)) == (
+        "m/é", b"f" * 8, b"k" * 16, ids)  # fmt: skip
     body = b"[1.0, [], null]"
     assert decode_events(encode_events("p", body, "application/json")) == (
         "p", body, "application/json")  # fmt: skip
@@ -162,8 +162,8 @@ async def test_what_a_worker_could_not_send_or_apply_is_in_its_metrics(workers, 
     a.peers.metrics, b.peers.metrics = SiblingMetrics(prom_a), SiblingMetrics(prom_b)
     monkeypatch.setattr(siblings, "MAX_PENDING_BYTES", 1)  # no speculation waits here
     ids = array("I", [0, 1, 2**32 - 1])
-    assert decode_prefix_tokens(encode_prefix_tokens("m/é", b"k" * 16, ids)) == (
-        "m/é", b"k" * 16, ids)  # fmt: skip
+    assert decode_prefix_tokens(encode_prefix_tokens("m/é", b"f" * 8, b"k" * 16, ids)) == (
+        "m/é", b"f" * 8, b"k" * 16, ids)  # fmt: skip
     body = b"[1.0, [], null]"
     for _ in range(siblings.MAX_QUEUED_BODIES + 3):  # b's applying task is not running
         assert a.peers.events_posted("p", body, "application/json")
@@ -291,26 +291,28 @@ def _turns(n: int) -> list[dict[str, str]]:
     return messages
 
 
-@pytest.mark.parametrize("shared", [True, False])
-async def test_a_conversations_next_turn_on_the_other_worker_encodes_only_what_is_new(shared):
+@pytest.mark.parametrize("case", ["shared", "not shared", "another tokenizer"])
+async def test_a_conversations_next_turn_on_the_other_worker_encodes_only_what_is_new(case):
     """Worker 0 tokenizes turn 2 of a conversation; its sibling, given turn 3 (a new
     connection the kernel gave it), takes turn 2's ids from the bus and encodes only the
-    answer and question after them. Without the bus it encodes the conversation from
-    its start. Either way the ids are the tokenizer's own."""
+    answer and question after them. Without the bus, or when the sibling's settings name
+    another tokenizer for the model (a reload that reached one worker first), it encodes
+    the conversation from its start. Either way the ids are the tokenizer's own."""
     bus = HostBus(workers=2, ring_bytes=256 * 1024)
-    settings = Settings(
-        pods=[PodConfig(name="p", url="http://127.0.0.1:9", models=["tiny"])],
-        models={"tiny": {"tokenizer": str(ensure_tokenizer())}},
-    )
     kvs, sibs = [], []
     async with httpx.AsyncClient() as client:
         for i in range(2):
+            mode = "local" if case == "another tokenizer" and i == 1 else "auto"
+            settings = Settings(
+                pods=[PodConfig(name="p", url="http://127.0.0.1:9", models=["tiny"])],
+                models={"tiny": {"tokenizer": str(ensure_tokenizer()), "tokenizer_mode": mode}},
+            )
             prom = CollectorRegistry()
             kv = KvIndex(settings, prom, client)
             registry = PodRegistry(settings.pods, client, settings.health, GatewayMetrics(prom))
             sib = Siblings(bus.endpoint(i), kv, registry, share_speculation=True,
                            speculative_ttl_s=3.0)  # fmt: skip
-            if shared:
+            if case != "not shared":
                 kv.tokens.share_prefixes(sib.prefix_tokenized)  # as gateway.scale_out does
             kvs.append(kv)
             sibs.append(sib)
@@ -322,12 +324,14 @@ async def test_a_conversations_next_turn_on_the_other_worker_encodes_only_what_i
 
         assert list(ids) == first.local.encode(first.local.render_chat(third_turn), False)
         new_text = sum(len(m["content"]) for m in _turns(3)[-2:])
-        if shared:
+        if case == "shared":
             assert second.stats.prefix_tokens > 0
             assert second.stats.encoded_chars < 1.5 * new_text
         else:
             assert second.stats.prefix_tokens == 0
             assert second.stats.encoded_chars > len(SYSTEM)
+        if case == "another tokenizer":
+            assert sibs[1].endpoint.received == 1  # it came, and was left out
         for kv in kvs:
             await kv.close()
 
