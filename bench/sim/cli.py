@@ -76,6 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="a prefill beside running requests first waits a random share of a step",
     )
+    a(
+        "--decode-waits-for-prefill",
+        action="store_true",
+        help="decoding requests get one token per prefill and wait out its compute (a CPU "
+        "engine's steps carry the prefill beside the decodes)",
+    )
     a("--kv-bytes-per-token", type=int, default=None,
       help=f"KV bytes per token, sizes loads (default {d.kv_bytes_per_token})")  # fmt: skip
     _add_tier_arguments(parser, d)
@@ -163,6 +169,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         block_size=args.block_size,
         prefill_concurrency=args.prefill_concurrency,
         step_phase_wait=args.step_phase_wait,
+        decode_waits_for_prefill=args.decode_waits_for_prefill,
         default_max_tokens=args.default_max_tokens,
         seed=args.seed,
         kv_events=parse_kv_events(

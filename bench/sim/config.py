@@ -62,6 +62,7 @@ class SimConfig:
     prefill_s_per_cached_token: float = 0.0
     step_phase_wait: bool = False
     queued_overhead_share: float = 1.0
+    decode_waits_for_prefill: bool = False  # PodTiming's: a CPU engine's mixed steps
     # L1: host DRAM, this pod only (vLLM native CPU offloading; medium "CPU").
     l1_capacity_blocks: int = 0  # 0: no L1
     l1_policy: str = "write-through"  # or "evict": offload what L0 evicts
@@ -128,6 +129,7 @@ class SimConfig:
             prefill_s_per_cached_token=self.prefill_s_per_cached_token,
             step_phase_wait=self.step_phase_wait,
             queued_overhead_share=self.queued_overhead_share,
+            decode_waits_for_prefill=self.decode_waits_for_prefill,
         )
 
     def tokenizer_dir(self) -> Path:

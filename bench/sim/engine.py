@@ -163,6 +163,10 @@ class SimEngine:
         self._slots = FifoGate(config.max_num_seqs)
         limit = config.prefill_concurrency
         self._prefill_lane = FifoGate(limit) if limit > 0 else None
+        # ``PodTiming.decode_waits_for_prefill``: prefills computing now, and a future
+        # each prefill's end resolves (the step that gives every decoding request a token).
+        self._prefilling = 0
+        self._prefill_ended: asyncio.Future[None] | None = None
         self._blocks_in_use = 0
         settings = config.kv_events
         self.publisher = (
@@ -318,7 +322,14 @@ class SimEngine:
             others = self._slots.active - 1  # the requests holding a slot beside this one
             lane_s = self.timing.lane_s(plan.uncached_tokens, others, queued, self._rng,
                                         plan.cached_tokens)  # fmt: skip
-            await asyncio.sleep(lane_s)
+            self._prefilling += 1
+            try:
+                await asyncio.sleep(lane_s)
+            finally:
+                self._prefilling -= 1
+                ended, self._prefill_ended = self._prefill_ended, None
+                if ended is not None and not ended.done():
+                    ended.set_result(None)
         finally:
             if lane is not None:
                 lane.release()
@@ -341,7 +352,7 @@ class SimEngine:
         last = time.monotonic()
         for i, token in enumerate(output):
             if i:
-                await asyncio.sleep(self.timing.itl_s(self._slots.active))
+                await self._next_step()
                 now = time.monotonic()
                 self.metrics.itl.observe(now - last)
                 last = now
@@ -354,6 +365,17 @@ class SimEngine:
             self.stats.generated_tokens += 1
             self._cache_decoded(run)
             yield token
+
+    async def _next_step(self) -> None:
+        """Wait for the step that makes a decoding request's next token: one decode step,
+        or, while a prefill computes on an engine whose steps carry it
+        (``decode_waits_for_prefill``), that prefill's end."""
+        if self._prefilling and self.timing.decode_waits_for_prefill:
+            if self._prefill_ended is None:
+                self._prefill_ended = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._prefill_ended)
+        else:
+            await asyncio.sleep(self.timing.itl_s(self._slots.active))
 
     def _cache_decoded(self, run: _Run) -> None:
         """Cache blocks filled by computed tokens (the newest sampled one is not computed)."""

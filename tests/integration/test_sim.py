@@ -377,3 +377,36 @@ async def test_a_prefill_beside_a_running_request_pays_its_share():
         await long
     assert alone >= 0.05 and beside >= 0.15
     assert beside > alone + 0.05
+
+
+@pytest.mark.parametrize("waits", [False, True])
+async def test_a_stream_waits_out_a_prefill_when_the_engines_steps_carry_it(waits):
+    """A streams 60 tokens at 10 ms from 0.5 s; B's 0.5 s prefill starts at ~0.7 s. With
+    ``decode_waits_for_prefill`` (a CPU engine's mixed steps) A's next token waits for
+    B's prefill to end; without it (a GPU's) A's tokens keep coming."""
+    overrides = dict(itl_s=0.01, overhead_s=0.5, prefill_tokens_per_s=1e6,
+                     decode_waits_for_prefill=waits)  # fmt: skip
+    with sim_fleet(1, **overrides) as (pod,):
+        client = openai.AsyncOpenAI(base_url=pod.url + "/v1", api_key="x", max_retries=0)
+        gaps: list[float] = []
+
+        async def stream_a() -> None:
+            stream = await client.completions.create(
+                model=MODEL, prompt=[44] * 8, max_tokens=60, stream=True
+            )
+            last = None
+            async for _ in stream:
+                now = time.perf_counter()
+                if last is not None:
+                    gaps.append(now - last)
+                last = now
+
+        a = asyncio.create_task(stream_a())
+        await asyncio.sleep(0.7)
+        await client.completions.create(model=MODEL, prompt=[45] * 8, max_tokens=1)
+        await a
+    assert len(gaps) == 59
+    if waits:
+        assert max(gaps) >= 0.4
+    else:
+        assert max(gaps) < 0.25  # ~10 ms each; room for a loaded machine

@@ -112,6 +112,32 @@ def test_decode_slows_while_more_requests_run_and_speeds_up_when_they_leave():
     assert b.e2e_s == pytest.approx(0.5 + 2 * 0.04 + 3 * 0.03)  # then alone
 
 
+@pytest.mark.parametrize("waits", [False, True])
+def test_decoding_waits_out_a_prefill_on_an_engine_whose_steps_carry_it(waits):
+    """A decodes 99 tokens from 0.5 s; B's prefill runs 1.0-1.5 s. A CPU engine's step
+    carries B's prefill beside A's decode: A gets one token for it and waits it out."""
+    timing = PodTiming(**{**_fields(TIMING), "decode_waits_for_prefill": waits})
+    a, b = run_des([req(0, 40, 100), req(1.0, 40, 1, prefix=1)], 1, "round-robin",
+                   spec(timing=timing))  # fmt: skip
+    assert b.ttft_s == pytest.approx(0.5)
+    by_1s = 0.5 / 0.03  # tokens alone (itl 0.02 + 0.01 x 1 running)
+    if waits:
+        assert a.e2e_s == pytest.approx(1.5 + (99 - by_1s - 1) * 0.03)
+    else:  # 1.0-1.5 s at two running's itl, 0.04
+        assert a.e2e_s == pytest.approx(1.5 + (99 - by_1s - 0.5 / 0.04) * 0.03)
+
+
+def test_requests_decoding_when_a_prefill_ends_finish_with_that_step():
+    """Each decoding request's last token can come with the step that ends a prefill."""
+    timing = PodTiming(**{**_fields(TIMING), "decode_waits_for_prefill": True})
+    a, b = run_des([req(0, 4, 2), req(0.16, 40, 1, prefix=1)], 1, "round-robin",
+                   spec(timing=timing))  # fmt: skip
+    # A: first token at 0.14, its second due at 0.17; B's prefill (0.16-0.66) stopped
+    # the clock at 0.16 with two thirds of that step done, and B's end gives it.
+    assert (a.ttft_s, b.ttft_s) == pytest.approx((0.14, 0.5))
+    assert a.e2e_s == pytest.approx(0.66)
+
+
 def test_kv_aware_follows_the_cached_prefix_round_robin_does_not():
     reqs = [req(0, 80, 1), req(2, 12, 1, prefix=7), req(4, 81, 1)]
     kv = run_des(reqs, 2, "kv-aware", spec(), strategy_options={"calibrate": False})
