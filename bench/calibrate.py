@@ -35,6 +35,7 @@ the predicted TTFT of the second request of every pair that arrives together.
 from __future__ import annotations
 
 import contextlib
+import json
 import statistics
 import threading
 import time
@@ -68,6 +69,8 @@ class PrefillFit:
     # Extra TTFT per cached token before the new ones, None if not measured.
     s_per_cached_token: float | None = None
     cached_points: tuple[tuple[int, float], ...] = ()  # (cached tokens, median TTFT s)
+    # Seconds between two output tokens of a request alone on the pod, None if not measured.
+    decode_step_s: float | None = None
 
     def cost_model(self, block_size: int) -> dict[str, float]:
         """kv-aware's ``cost_model`` options for this fit."""
@@ -263,15 +266,47 @@ def _together(url: str, model: str, texts: list[str]) -> list[float]:
     return ttfts
 
 
+def measure_decode(url: str, model: str = MODEL_NAME, tokens: int = 33, repeats: int = 3) -> float:
+    """Median seconds between two output tokens of a request alone on the pod: from
+    the streamed chunk of its first token to that of its last (``ignore_eos``: exactly
+    ``tokens`` of them), over the ``tokens - 1`` steps between. A chunk the server held
+    back (text not yet printable) comes with a later one and does not skew it."""
+    body = {"model": model, "messages": [{"role": "user", "content": "Count to fifty."}],
+            "max_tokens": tokens, "ignore_eos": True, "stream": True}  # fmt: skip
+    steps: list[float] = []
+    with httpx.Client(timeout=120) as client:
+        for _ in range(repeats):
+            arrivals: list[float] = []
+            with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+                r.raise_for_status()
+                for line in r.iter_lines():
+                    if _is_choice_chunk(line):
+                        arrivals.append(time.perf_counter())
+            if len(arrivals) >= 2:
+                steps.append((arrivals[-1] - arrivals[0]) / (tokens - 1))
+    if not steps:
+        raise RuntimeError(f"{url} streamed fewer than two chunks of {tokens} tokens")
+    return statistics.median(steps)
+
+
+def _is_choice_chunk(line: str) -> bool:
+    """Whether an SSE line is a chunk of generated tokens (not usage, not the end)."""
+    if not line.startswith("data: ") or line == "data: [DONE]":
+        return False
+    return bool(json.loads(line[6:]).get("choices"))
+
+
 def measure_pod(url: str, model: str = MODEL_NAME) -> PrefillFit:
-    """The prefill line, the per-running-request cost, what each cached token adds and
-    whether prompts that arrive together are prefilled together: kv-aware's cost model."""
+    """The prefill line, the per-running-request cost, what each cached token adds,
+    whether prompts that arrive together are prefilled together (kv-aware's cost
+    model) and the decode step of a request alone (the DES's pods)."""
     fit = measure_prefill(url, model)
     s_per_running, running_points = measure_running(url, model)
     share = measure_burst(url, model)
     s_per_cached, cached_points = measure_cached(url, model)
     return PrefillFit(fit.overhead_s, fit.tokens_per_s, fit.points, s_per_running,
-                      running_points, share, s_per_cached, cached_points)  # fmt: skip
+                      running_points, share, s_per_cached, cached_points,
+                      measure_decode(url, model))  # fmt: skip
 
 
 @contextlib.contextmanager

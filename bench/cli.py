@@ -179,6 +179,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         print(f"{k:6d} running: {ttft * 1000:8.1f} ms")
     for c, ttft in fit.cached_points:
         print(f"{c:6d} cached:  {ttft * 1000:8.1f} ms")
+    if fit.decode_step_s is not None:
+        print(f"decode step alone: {fit.decode_step_s * 1000:.2f} ms")
     print(json.dumps({"kv-aware": {"cost_model": fit.cost_model(args.block_size)}}))
     return 0
 

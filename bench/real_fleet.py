@@ -467,7 +467,7 @@ def run_real(plan: RealPlan, out: Path, console: Console | None = None) -> list[
             f"{1e6 / fit.tokens_per_s:.1f} µs/token ({fit.tokens_per_s:,.0f} tokens/s), "
             f"+{(fit.s_per_running or 0) * 1000:.1f} ms per running request, "
             f"+{(fit.s_per_cached_token or 0) * 1e6:.1f} µs per cached token, "
-            f"queued overhead share {_share(fit)}"
+            f"queued overhead share {_share(fit)}, decode step {_decode_step(fit)}"
         )
         kv_options = plan.kv_options or {"cost_model": fit.cost_model(BLOCK_SIZE)}
         with (
@@ -539,6 +539,11 @@ def _ms(value: float | None, digits: int = 2) -> str:
 
 def _count(value: int | None) -> str:
     return "n/a" if value is None else str(value)
+
+
+def _decode_step(fit: PrefillFit) -> str:
+    step = fit.decode_step_s
+    return "(not measured)" if step is None else f"{step * 1000:.1f} ms"
 
 
 def _share(fit: PrefillFit) -> str:
@@ -906,7 +911,8 @@ def write_report(
         f"{1e6 / fit.tokens_per_s:.1f} µs/token, "
         f"+{(fit.s_per_running or 0) * 1000:.1f} ms per running request, "
         f"+{(fit.s_per_cached_token or 0) * 1e6:.1f} µs per cached token, share of the "
-        f"overhead each prefill queued ahead adds {_share(fit)}; kv-aware "
+        f"overhead each prefill queued ahead adds {_share(fit)}, a request alone decodes "
+        f"a token every {_decode_step(fit)}; kv-aware "
         f"configured with "
         f"`{json.dumps(kv_options)}`. *TTFT pred. error*: median over requests of "
         f"|predicted - observed| / observed, observed by the load generator; *kvgate's own*: "

@@ -239,7 +239,8 @@ def run_real_cells(args: argparse.Namespace, strategies: list[str]) -> list[DesS
                     over_seeds.setdefault((f"{cell}: {strategy}", "L0"), []).append(summary)
     title = (
         f"DES: kvgate bench real's cells, {args.pods or 2} pods at "
-        f"{fit.overhead_s * 1000:.1f} ms + {1e6 / fit.tokens_per_s:.1f} µs/token"
+        f"{fit.overhead_s * 1000:.1f} ms + {1e6 / fit.tokens_per_s:.1f} µs/token, a decode "
+        f"step of {spec.timing.itl_base_s * 1000:.1f} ms waiting out prefills"
     )
     print_over_seeds(over_seeds, f"{title}, seeds {','.join(map(str, seeds))}")
     return summaries

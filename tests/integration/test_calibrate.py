@@ -95,3 +95,14 @@ def test_cached_lengths_past_the_pods_context_are_left_out():
         pod.stop()
     # 1,024 + the 64-token suffix + a margin of 64 for the template passes 1,100: left out.
     assert len(points) == 2 and points[-1][0] < 600
+
+
+def test_the_decode_step_of_a_request_alone_is_measured_from_its_stream():
+    (p,) = start_sim_pods(1, itl_s=0.02)
+    try:
+        from bench.calibrate import measure_decode
+
+        step = measure_decode(p.url, tokens=17, repeats=2)
+    finally:
+        p.stop()
+    assert step == pytest.approx(0.02, rel=0.3)

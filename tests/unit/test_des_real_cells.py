@@ -37,6 +37,9 @@ def test_the_fit_of_a_real_run_times_the_pods_and_configures_kv_aware(tmp_path):
     # ... with the running requests' share and the step phase of a real engine.
     assert spec.timing.beside_running_s(2) == pytest.approx(0.006)
     assert spec.timing.step_phase_wait
+    # A fit from before the decode step was measured decodes a step of the running cost.
+    assert loaded.decode_step_s is None and spec.timing.itl_s(1) == pytest.approx(0.003)
+    assert spec.timing.decode_waits_for_prefill  # the engine's step carries a prefill
     assert (spec.block_size, spec.prefill_concurrency) == (32, 1)
     expected = PrefillFit(0.0, 20_000.0, (), 0.003, (), 0.25).cost_model(32)
     assert real_cells.kv_aware_options(loaded) == {"cost_model": expected}
@@ -89,6 +92,16 @@ def test_a_fit_that_found_no_running_cost_still_decodes_one_token_a_step(tmp_pat
     args = _args("--real-cells", "chat@closed:4", "--real-fit", str(path))
     (summary,) = cli.run_real_cells(args, ["kv-aware"])
     assert summary.requests == 72
+
+
+def test_the_measured_decode_step_times_the_simulated_pods_decode(tmp_path):
+    path = tmp_path / "results.json"
+    fit = {"overhead_s": 0.0, "tokens_per_s": 2134.0, "s_per_running": 0.0,
+           "decode_step_s": 0.0047}  # fmt: skip
+    path.write_text(json.dumps({"fit": fit}))
+    loaded = real_cells.load_fit(path)
+    assert loaded.decode_step_s == 0.0047
+    assert real_cells.real_pod_spec(loaded).timing.itl_s(3) == pytest.approx(0.0047)
 
 
 def test_a_percent_cell_runs_at_its_share_of_the_simulated_pods_capacity(capsys):
