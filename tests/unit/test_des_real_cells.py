@@ -120,3 +120,20 @@ def test_a_percent_cell_runs_at_its_share_of_the_simulated_pods_capacity(capsys)
     inp = real_cells.cell_input("users@poisson:50%", 0, "kv-aware", half)
     arrivals = [r.arrival_s for r in inp.requests]
     assert (len(arrivals) - 1) / (arrivals[-1] - arrivals[0]) == pytest.approx(half, rel=0.3)
+
+
+def test_decode_check_puts_the_des_beside_each_cell_of_a_real_run(tmp_path):
+    from bench.des.decode_check import compare
+
+    plan = {"routers": ["kv-aware", "sglang-router:cache_aware"], "seeds": [0], "pods": 2}
+    fit = {"overhead_s": 0.0, "tokens_per_s": 2134.0, "s_per_running": 0.0}
+    cells = [{"workload": "chat", "load": "closed:4", "rate_rps": None}]
+    (tmp_path / "results.json").write_text(json.dumps({"plan": plan, "fit": fit, "cells": cells}))
+    real = [{"cell": "chat@closed:4", "router": "kv-aware", "ok": True, "ttft_ms": 100.0 + i,
+             "e2e_ms": 400.0 + 2 * i} for i in range(10)]  # fmt: skip
+    (tmp_path / "requests.jsonl").write_text("\n".join(map(json.dumps, real)))
+    header, line = compare(tmp_path, decode_step_s=0.005)  # the peer is not the DES's
+    assert line.split()[:2] == ["chat@closed:4", "kv-aware"]
+    des_decode_p50, real_decode_p50 = float(line.split()[3]), float(line.split()[6])
+    assert real_decode_p50 == 305.0  # e2e - TTFT: 300, 301, ..., 309
+    assert des_decode_p50 >= 15 * 5  # 15 more tokens at 5 ms at least
