@@ -16,11 +16,13 @@ help. What reaches one worker only goes on its ring of the host bus
   kernel spread over two workers went to two pods (the quick preset's RAG workload in
   front of simulated pods, ``--workers 2``: 80% cached against 93% with one worker).
   They are applied as they are drained, and before every routing.
-* the token ids of each prompt prefix a local tokenizer newly keeps (a conversation
-  up to its last turn): without them a conversation's next turn, on a connection the
-  kernel gave another worker, is encoded there from the start of whatever that worker
-  last saw of it (the overhead benchmark's multi-turn chats, ``--workers 2``: 1,170
-  characters encoded a request against 629 with one worker).
+* the token ids of a chat past its first turn, up to its last turn, as a local
+  tokenizer newly keeps them, with 8 bytes naming that tokenizer: without them the
+  conversation's next turn, on a connection the kernel gave another worker, is
+  encoded there from the end of whatever that worker last saw of it (the overhead
+  benchmark's multi-turn chats, ``--workers 2``: 1,170 characters encoded a request
+  against 629 with one worker). A worker whose settings name another tokenizer for
+  the model (a reload on its way) leaves them out.
 
 Siblings' messages are read before every index lookup (``settle``, which also waits,
 briefly, for event bodies already read to be applied: a lookup right after a sibling
