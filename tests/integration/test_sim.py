@@ -409,4 +409,4 @@ async def test_a_stream_waits_out_a_prefill_when_the_engines_steps_carry_it(wait
     if waits:
         assert max(gaps) >= 0.4
     else:
-        assert max(gaps) < 0.25  # ~10 ms each; room for a loaded machine
+        assert max(gaps) < 0.3  # ~10 ms each; room for a loaded machine
