@@ -161,8 +161,7 @@ class DesPod:
             # the paused span is not decode time.
             self._clock_at = now
             self._clock += 1
-            while self._decoding and self._decoding[0][0] <= self._clock + _EPS:
-                stepped.append(heapq.heappop(self._decoding)[2])
+            stepped = self._pop_due()
         self._lane_busy -= 1
         if self._lane:
             nxt = self._lane.popleft()
@@ -224,12 +223,16 @@ class DesPod:
         if version != self._version:
             return  # running changed since: a newer event is pending
         self._advance(now)
+        for job in self._pop_due():
+            self._finish(job, now)
+        self._reschedule(now)
+
+    def _pop_due(self) -> list[Job]:
+        """The decoding requests whose last token the clock has reached."""
         done: list[Job] = []
         while self._decoding and self._decoding[0][0] <= self._clock + _EPS:
             done.append(heapq.heappop(self._decoding)[2])
-        for job in done:
-            self._finish(job, now)
-        self._reschedule(now)
+        return done
 
     def _finish(self, job: Job, now: float) -> None:
         job.result.e2e_s = now - job.request.arrival_s
