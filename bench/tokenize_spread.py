@@ -12,7 +12,7 @@ share of requests whose encoding went to a thread. ``--fixed-threshold`` sends e
 text over 2,048 characters to a thread (the policy before ``offload.OffloadPolicy``).
 ``--share`` also prints each N with the fronts passing each other the prefixes of
 conversations past their first turn, as sibling workers do over the host bus
-(``gateway.siblings``, ``PREFIX_TOKENS``; a copy through bytes, as the bus makes).
+(``gateway.siblings``' own message codec, ``PREFIX_TOKENS``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from array import array
 
 from bench.overhead import Bodies
 from bench.tinymodel import ensure_tokenizer
+from gateway.siblings import decode_prefix_tokens, encode_prefix_tokens
 from kvindex.tokenization import ChatPrompt, LocalTokenizer, Tokenization
 from kvindex.tokenization.offload import DEFAULT_MAX_CHARS, DEFAULT_MIN_CHARS
 
@@ -55,11 +56,12 @@ async def spread(
 
 
 def _tell(siblings: list[Tokenization], key: bytes, ids: array[int]) -> None:
-    payload = ids.tobytes()
+    """What ``gateway.siblings`` does with a new prefix: encode it once, and each
+    sibling decodes its own copy and keeps it."""
+    payload = encode_prefix_tokens("tiny", bytes(8), key, ids)
     for sibling in siblings:
-        copy = array("I")
-        copy.frombytes(payload)
-        sibling.learn_prefix(key, copy)
+        _, _, key_there, ids_there = decode_prefix_tokens(payload)
+        sibling.learn_prefix(key_there, ids_there)
 
 
 def main() -> None:
