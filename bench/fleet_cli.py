@@ -16,6 +16,14 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in _csv(text)]
 
 
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number above 0."""
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text}: must be a number above 0")
+    return value
+
+
 def add_fleet(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "fleet",
@@ -41,6 +49,9 @@ def add_fleet(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--l1-capacity-blocks", type=int, help="L1 size per pod when L1 is on")
     p.add_argument("--requests", type=int, help="requests per workload (default: preset's)")
     p.add_argument("--trace", type=Path, help="Mooncake JSONL (default: the shared one)")
+    p.add_argument("--prefix-k", type=positive_float,
+                   help="prefix workload: its prefixes' tokens as a multiple of the fleet's "
+                   "L0 (default: the preset's 0.75; above 1 they spill into L1/L2)")  # fmt: skip
     p.add_argument("--redis", action="store_true", help="kvgate's index in a real redis-server")
     p.add_argument("--workers", type=int, default=1, help="worker processes per kvgate replica")
     p.add_argument("--gateways", type=_ints, metavar="N[,N...]",
@@ -104,6 +115,7 @@ def run_fleet_cli(args: argparse.Namespace) -> int:
             "pods": args.pods,
             "requests": args.requests,
             "l1_capacity_blocks": args.l1_capacity_blocks,
+            "prefix_k": args.prefix_k,
             "routers": tuple(args.routers) if args.routers else None,
             "peers": tuple(peers) if peers is not None else None,
         }.items()

@@ -62,6 +62,10 @@ class Preset:
     peers: tuple[str, ...] = ()  # peer routers (bench.peers) run after kvgate's
     peer_tiers: tuple[str, ...] | None = None  # tier setups the peers run on (None: all)
     l1_capacity_blocks: int = 2048
+    # The shared-prefix workload's distinct prefix tokens as a multiple of the fleet's L0:
+    # below 1 a router that partitions the prefixes keeps them all in L0; above 1 they
+    # spill into L1/L2, where the tiers (and a router that knows them) matter.
+    prefix_k: float = 0.75
     trace_requests: int = 200
     trace_speedup: float = 4.0
     trace_tokens_per_hash: int = 32
@@ -94,7 +98,7 @@ def build_workloads(
                 prefix_groups_workload(
                     tok,
                     fleet_l0_tokens,
-                    k=0.75,
+                    k=preset.prefix_k,
                     prefix_tokens=2000,
                     requests=preset.requests,
                     seed=seed,

@@ -24,6 +24,7 @@ from bench.des.report import DesSummary, print_des, print_over_seeds, summarize_
 from bench.des.sim import run_des
 from bench.des.types import TIER_SETUPS, DesPodSpec, DesRequest
 from bench.des.workload import MOONCAKE_BLOCK_TOKENS, load_mooncake, poisson_arrivals
+from bench.fleet_cli import positive_float
 from bench.profiles import PROFILES, get_profile
 from bench.variants import split_variant
 from routing.cost_model import CostModel
@@ -45,6 +46,11 @@ def add_des_arguments(parser: argparse.ArgumentParser) -> None:
       help="with --real-cells: a kvgate bench real results.json whose measured prefill "
       "fit times the pods (default: bench.des.real_cells.DEFAULT_FIT)")  # fmt: skip
     a("--workloads", help="with --preset: comma-separated, of rag,prefix,chat (default: preset's)")
+    a("--prefix-k", type=positive_float, default=None,
+      help="with --preset: the prefix workload's prefix tokens as a multiple of the fleet's "
+      "L0 (default: the preset's)")  # fmt: skip
+    a("--requests", type=int, default=None,
+      help="with --preset: requests per workload (default: the preset's)")  # fmt: skip
     a("--pods", type=int, default=None, help="default: 16, or the preset's")
     a("--strategies", default=DEFAULT_STRATEGIES, help="comma-separated strategy names")
     a("--strategy-options", type=json.loads, default={},
@@ -187,7 +193,8 @@ def run_preset(args: argparse.Namespace, strategies: list[str]) -> list[DesSumma
     )
 
     preset = get_preset(args.preset)
-    changes: dict[str, Any] = {"pods": args.pods, "tiers": tuple(_csv(args.tiers)) or None}
+    changes: dict[str, Any] = {"pods": args.pods, "tiers": tuple(_csv(args.tiers)) or None,
+                               "prefix_k": args.prefix_k, "requests": args.requests}  # fmt: skip
     preset = replace(preset, **{k: v for k, v in changes.items() if v is not None})
     block_size = args.block_size or PRESET_BLOCK_SIZE
     kv_base = kv_aware_options(preset, block_size)

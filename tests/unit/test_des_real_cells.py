@@ -137,3 +137,28 @@ def test_decode_check_puts_the_des_beside_each_cell_of_a_real_run(tmp_path):
     des_decode_p50, real_decode_p50 = float(line.split()[3]), float(line.split()[6])
     assert real_decode_p50 == 305.0  # e2e - TTFT: 300, 301, ..., 309
     assert des_decode_p50 >= 15 * 5  # 15 more tokens at 5 ms at least
+
+
+def test_the_preset_prefix_workload_takes_its_size_and_requests_from_the_command(tmp_path):
+    from dataclasses import replace
+
+    from bench.des.cli import run_preset
+    from bench.quick import PRESETS, build_workloads
+
+    preset = replace(PRESETS["quick"], prefix_k=3.0, requests=30)
+    (workload,) = build_workloads(["prefix"], preset, preset.pods, seed=0)
+    # 3 x the fleet's L0 (4 pods x 256 blocks x 32 tokens = 32,768) in 2,000-token prefixes,
+    # of which 30 requests draw some.
+    assert workload.description.startswith(f"{round(3.0 * 32_768 / 2000)} prefixes of 2000")
+    assert len(workload.requests()) == 30
+    assert len({r.messages[0]["content"] for r in workload.requests()}) > 12  # 0.75 x: 12
+    args = _args("--preset", "quick", "--workloads", "prefix", "--tiers", "L0",
+                 "--prefix-k", "3", "--requests", "30")  # fmt: skip
+    (summary,) = run_preset(args, ["round-robin"])
+    assert summary.requests == 30
+
+
+@pytest.mark.parametrize("k", ["0", "-1", "inf", "x"])
+def test_a_prefix_size_that_is_not_above_zero_is_refused(k):
+    with pytest.raises(SystemExit):
+        _args("--preset", "quick", "--prefix-k", k)
