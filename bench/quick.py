@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from bench.fleet import STRATEGIES, Cell, FleetPlan, Load, run_fleet
@@ -176,6 +177,8 @@ def print_cell(cell: Cell, console: Console, where: str = "", extra: str = "") -
         f"  {where} TTFT p50 {s.ttft_p50_ms:7.0f} ms  p90 {s.ttft_p90_ms:7.0f} ms  "
         f"cached {s.cached_ratio:4.0%}  {extra}errors {s.errors}"
     )
+    for message, count in s.error_kinds.items():
+        console.print(f"    [red]{count} x[/] {escape(message)}", highlight=False)
 
 
 def run_and_report(plan: FleetPlan, out_dir: Path, console: Console | None = None) -> list[Cell]:

@@ -250,8 +250,20 @@ def render(
         wcells = [c for c in cells if c.workload == name]
         parts += [f"## Workload `{name}`", "", description, ""]
         parts += [markdown_table(COLUMNS, [cell_row(c) for c in wcells]), ""]
+        parts += _error_lines(wcells)
         parts += [f"![{p.stem}]({p.name})" for p in plots.get(name, [])] + [""]
     return "\n".join(parts)
+
+
+def _error_lines(cells: list[Cell]) -> list[str]:
+    """What each cell's failed requests said, under its table (nothing when none failed)."""
+    lines = [
+        f"- {c.router}, {c.tiers}, {c.load}: {count} x `{message.replace('`', chr(39))}`"
+        for c in cells
+        if c.summary is not None
+        for message, count in c.summary.error_kinds.items()
+    ]
+    return ["Failed requests:", "", *lines, ""] if lines else []
 
 
 def write_report(cells: list[Cell], plan: FleetPlan, out_dir: Path, command: str) -> Path:

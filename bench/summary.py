@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bench.loadgen import RequestResult
 from bench.stats import percentile, prediction_error
+
+MAX_ERROR_KINDS = 5
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,10 @@ class RunSummary:
     duration_s: float
     # median |predicted - observed| / observed TTFT, for routers that predict it
     ttft_prediction_error: float | None = None
+    # What the failed requests said: each distinct message (the client's exception, cut
+    # at 160 characters) with its count, the MAX_ERROR_KINDS most frequent, so a failed
+    # request in a long run can be explained from its report.
+    error_kinds: dict[str, int] = field(default_factory=dict)
 
     @property
     def throughput_rps(self) -> float:
@@ -56,4 +62,9 @@ def summarize(label: str, results: Sequence[RequestResult], duration_s: float) -
         per_pod=dict(sorted(Counter(r.pod for r in ok if r.pod).items())),
         duration_s=duration_s,
         ttft_prediction_error=prediction_error(ok),
+        error_kinds=dict(
+            Counter(r.error or "(no message)" for r in results if not r.ok).most_common(
+                MAX_ERROR_KINDS
+            )
+        ),
     )

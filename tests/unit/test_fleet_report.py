@@ -105,3 +105,42 @@ def test_rewriting_the_fleet_report_keeps_the_other_sections(tmp_path):
     text = doc.read_text()
     assert "old fleet numbers" not in text and "new fleet numbers ![p](bench/cdf.png)" in text
     assert text.count("<!-- kvgate-section:admission -->\n## Admission\n\nkept\n") == 1
+
+
+def test_failed_requests_say_what_went_wrong_in_the_summary_and_the_report():
+    from bench.loadgen import RequestResult
+    from bench.summary import MAX_ERROR_KINDS, summarize
+
+    ok = [RequestResult(i, True, pod="pod-0", ttft_s=0.05, e2e_s=0.1) for i in range(10)]
+    reset = "RemoteProtocolError: peer closed connection without sending complete message body"
+    failed = [RequestResult(10 + i, False, error=reset) for i in range(3)]
+    failed += [RequestResult(20 + i, False, error=f"APIStatusError: {i}") for i in range(9)]
+    failed.append(RequestResult(30, False))
+    s = summarize("round-robin", ok + failed, 1.0)
+    assert s.errors == 13
+    # The most frequent first, at most MAX_ERROR_KINDS of them: a flood stays one line.
+    assert list(s.error_kinds.items())[0] == (reset, 3)
+    assert len(s.error_kinds) == MAX_ERROR_KINDS
+    assert sum(s.error_kinds.values()) == 3 + MAX_ERROR_KINDS - 1
+    text = render([Cell("rag", "L0", "12 qps", "round-robin", summary=s)],
+                  FleetPlan(workloads=[]), {"command": "x"}, {}, {"rag": "docs"})  # fmt: skip
+    assert f"- round-robin, L0, 12 qps: 3 x `{reset}`" in text
+    quiet = summarize("kv-aware", ok, 1.0)
+    assert quiet.error_kinds == {}
+    assert "Failed requests" not in render([Cell("rag", "L0", "12 qps", "kv-aware", summary=quiet)],
+                                           FleetPlan(workloads=[]), {"command": "x"}, {},
+                                           {"rag": "docs"})  # fmt: skip
+
+
+def test_a_cell_line_prints_its_errors_as_the_client_wrote_them():
+    from rich.console import Console
+
+    from bench.loadgen import RequestResult
+    from bench.quick import print_cell
+    from bench.summary import summarize
+
+    message = "APIStatusError: Error code: 502 - [bold]{'error': 'upstream'}[/bold]"
+    s = summarize("round-robin", [RequestResult(0, False, error=message)], 1.0)
+    console = Console(record=True, width=200)
+    print_cell(Cell("rag", "L0", "12 qps", "round-robin", summary=s), console)
+    assert f"1 x {message}" in console.export_text()  # rich markup in it left as text
