@@ -7,10 +7,10 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from bench.logfiles import log_file
 from bench.polling import http_status, wait_for
 from bench.ports import free_port, free_ports  # noqa: F401  (free_port: tests import it here)
 
@@ -77,7 +77,7 @@ def run_gateway(
     for name, url in pods:
         cmd += ["--pod", f"{name}={url}"]
     cmd += extra_args or []
-    log = tempfile.NamedTemporaryFile(prefix="kvgate-gw-", suffix=".log", delete=False)
+    log = log_file("kvgate-gw-").open("wb")
     full_env = {**os.environ, "KVGATE_HEALTH__INTERVAL_S": "0.5", **(env or {})}
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env)
     base = GatewayURL(f"http://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}", proc.pid,

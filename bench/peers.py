@@ -22,13 +22,13 @@ import contextlib
 import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+from bench.logfiles import log_file
 from bench.polling import http_status, wait_for
 from bench.ports import free_port
 
@@ -189,9 +189,7 @@ def run_peer(
     """Start the peer in front of ``pods``; yield its base URL; stop it on exit."""
     bin_dir = ensure_peer(name)
     port = free_port()
-    fd, path = tempfile.mkstemp(prefix=f"kvgate-peer-{name}-", suffix=".log")
-    os.close(fd)
-    log = Path(path)
+    log = log_file(f"kvgate-peer-{name}-")
     cmd = peer_command(name, bin_dir, port, pods, model, block_size, policy)
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)

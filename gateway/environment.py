@@ -38,6 +38,7 @@ TOOL_VARIABLES = frozenset(
         "KVGATE_ADMIN_URL",  # kvgate index: the admin listener
         "KVGATE_ADMIN_KEY",  # kvgate index: its key
         "KVGATE_CACHE_DIR",  # benchmarks and tests: the tiny model's files
+        "KVGATE_KEEP_LOGS",  # benchmarks and tests: keep started processes' logs
         "KVGATE_PEERS_HOME",  # benchmarks: where the peer routers are installed
         "KVGATE_TRACE",  # benchmarks: the Mooncake trace
         "KVGATE_TREE",  # bench/profile_gateway.sh: an older checkout's gateway

@@ -15,12 +15,11 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
+from bench.logfiles import log_file
 from bench.polling import http_status, wait_for
 from bench.ports import free_port
 
@@ -69,9 +68,7 @@ class SimPod:
         if events.get("kv_events"):
             flags += self._event_flags(events)
         self.args = flags
-        fd, path = tempfile.mkstemp(prefix=f"kvgate-{name}-", suffix=".log")
-        os.close(fd)
-        self.log_path = Path(path)
+        self.log_path = log_file(f"kvgate-{name}-")
         self.process: subprocess.Popen[bytes] | None = None
 
     def _event_flags(self, events: dict[str, Any]) -> list[str]:

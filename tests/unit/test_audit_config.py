@@ -162,6 +162,7 @@ def test_service_links_and_the_tools_variables_are_not_taken_for_settings(monkey
         "KVGATE_REDIS_PORT": "tcp://10.96.0.13:6379",
         "KVGATE_REDIS_SERVICE_HOST": "10.96.0.13",
         "KVGATE_PEERS_HOME": "/tmp/peers",
+        "KVGATE_KEEP_LOGS": "1",
         "KVGATE_ADMIN_URL": "http://127.0.0.1:8001",
     }.items():
         monkeypatch.setenv(name, value)
