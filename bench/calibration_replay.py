@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.stats import percentile
+from routing.calibration import Calibrator
 from routing.cost_model import running_requests
 from routing.strategies.kv_aware import KvAware
 from routing.types import Decision, Outcome, PodView, RouteRequest
@@ -77,6 +78,7 @@ def parse_setting(text: str) -> Setting:
             raise ValueError(f"calibration setting {part!r}: expected off, default or "
                              "window|min_samples|refit_every|max_change=N")  # fmt: skip
         options[key] = float(value) if key == "max_change" else int(value)
+    Calibrator(**options)  # out-of-range options fail here, with the Calibrator's message
     return Setting(text, True, options)
 
 

@@ -92,7 +92,7 @@ def test_observed_ttft_is_on_the_gateways_clock_unless_asked(tmp_path):
     assert client.signed_median < -0.01  # the 10 ms are not what the model predicts
 
 
-@pytest.mark.parametrize("text", ["windw=3", "window", "off,window=3"])
+@pytest.mark.parametrize("text", ["windw=3", "window", "off,window=3", "window=x", "window=1"])
 def test_a_setting_it_cannot_read_is_refused(text):
     with pytest.raises(ValueError):
         replay.parse_setting(text)

@@ -116,15 +116,18 @@ def test_failed_requests_say_what_went_wrong_in_the_summary_and_the_report():
     failed = [RequestResult(10 + i, False, error=reset) for i in range(3)]
     failed += [RequestResult(20 + i, False, error=f"APIStatusError: {i}") for i in range(9)]
     failed.append(RequestResult(30, False))
+    odd = "ReadError: `x`\n  second line"  # a code span and a list item on one line
+    failed += [RequestResult(40 + i, False, error=odd) for i in range(2)]
     s = summarize("round-robin", ok + failed, 1.0)
-    assert s.errors == 13
+    assert s.errors == 15
     # The most frequent first, at most MAX_ERROR_KINDS of them: a flood stays one line.
-    assert list(s.error_kinds.items())[0] == (reset, 3)
+    assert list(s.error_kinds.items())[:2] == [(reset, 3), (odd, 2)]
     assert len(s.error_kinds) == MAX_ERROR_KINDS
-    assert sum(s.error_kinds.values()) == 3 + MAX_ERROR_KINDS - 1
+    assert sum(s.error_kinds.values()) == 3 + 2 + MAX_ERROR_KINDS - 2
     text = render([Cell("rag", "L0", "12 qps", "round-robin", summary=s)],
                   FleetPlan(workloads=[]), {"command": "x"}, {}, {"rag": "docs"})  # fmt: skip
     assert f"- round-robin, L0, 12 qps: 3 x `{reset}`" in text
+    assert "- round-robin, L0, 12 qps: 2 x `ReadError: 'x' second line`" in text
     quiet = summarize("kv-aware", ok, 1.0)
     assert quiet.error_kinds == {}
     assert "Failed requests" not in render([Cell("rag", "L0", "12 qps", "kv-aware", summary=quiet)],
