@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.real_fleet import RealCell
 from bench.stats import percentile
 from routing.calibration import Calibrator
 from routing.cost_model import running_requests
@@ -171,12 +172,13 @@ def replay(
 
 
 def _beyond_gateway_ms(cells: list[dict[str, Any]], router: str) -> dict[tuple[str, int], float]:
-    """Per (cell, seed): the client's mean TTFT less kvgate's own, where both are known."""
+    """Per (cell, seed): the client's mean TTFT less kvgate's own
+    (``RealCell.beyond_gateway_ms``), where both are known."""
     out = {}
-    for c in cells:
-        client, gateway = c.get("ttft_mean_ms"), c.get("gateway_ttft_mean_ms")
-        if c.get("router") == router and client is not None and gateway is not None:
-            out[(f"{c['workload']}@{c['load']}", c["seed"])] = max(0.0, client - gateway)
+    for cell in (RealCell(**c) for c in cells):
+        beyond = cell.beyond_gateway_ms
+        if cell.router == router and beyond is not None:
+            out[(f"{cell.workload}@{cell.load}", cell.seed)] = max(0.0, beyond)
     return out
 
 
