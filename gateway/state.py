@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 from prometheus_client import CollectorRegistry
@@ -28,6 +29,7 @@ from gateway.kv import KvIndex
 from gateway.logs import set_log_level
 from gateway.loop_lag import LoopLagMonitor
 from gateway.metrics import FleetSeries, GatewayMetrics
+from gateway.multiprocess_values import FlushedFirst, batched_values
 from gateway.pods import PodRegistry, same_endpoints
 from gateway.proxy import Proxy
 from gateway.reload import Reloader, ReloadMetrics
@@ -192,11 +194,14 @@ async def running_gateway(
         proxy = Proxy(settings, upstream, registry, router, metrics, in_flight, admission,
                       tracing, awaiting)  # fmt: skip
         exposition = prometheus
+        batched = batched_values() if worker is not None else None
         if worker is not None:
             from prometheus_client import multiprocess
 
             exposition = CollectorRegistry()
-            files = multiprocess.MultiProcessCollector(None, path=worker.metrics_dir)
+            files: Any = multiprocess.MultiProcessCollector(None, path=worker.metrics_dir)
+            if batched is not None:
+                files = FlushedFirst(files, batched.flush)
             pods = registry.all
             exposition.register(
                 FleetSeries(files, lambda: (p.name for p in pods()), registry.known_models)
@@ -221,6 +226,7 @@ async def running_gateway(
         loop_lag.start()
         gc_pauses = heap.GcPauses(prometheus)
         gc_pauses.start()
+        flushing = asyncio.create_task(batched.run()) if batched is not None else None
         heap.settle()  # what start-up built lives as long as the gateway
         try:
             yield gw
@@ -237,3 +243,7 @@ async def running_gateway(
                 await asyncio.to_thread(tracing.shutdown)  # exports what is buffered
             await loop_lag.stop()
             await gc_pauses.stop()
+            if flushing is not None:
+                flushing.cancel()  # and flushes once more
+                with contextlib.suppress(asyncio.CancelledError):
+                    await flushing

@@ -203,29 +203,3 @@ def test_a_message_no_handler_can_take_is_counted_not_raised():
 
     assert reader.drain() == 3
     assert (got, reader.bad) == ([42], 2)
-
-
-def test_multiprocess_metrics_of_a_forked_worker_go_to_its_own_file(tmp_path, monkeypatch):
-    """The pid that names a worker's metrics file is read once, and again after a fork
-    (``use_multiprocess_metrics``): parent and child each write their own file, and a
-    scrape sums both."""
-    from prometheus_client import CollectorRegistry, Counter, values
-    from prometheus_client.multiprocess import MultiProcessCollector
-
-    from gateway.server import use_multiprocess_metrics
-
-    monkeypatch.setattr(values, "ValueClass", values.ValueClass)
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
-    use_multiprocess_metrics(str(tmp_path))
-    counter = Counter("kvgate_fork_test", "x", registry=CollectorRegistry())
-    counter.inc()
-    child = FORK.Process(target=counter.inc, args=(2,))
-    child.start()
-    child.join(10)
-    assert child.exitcode == 0
-
-    files = sorted(p.name for p in tmp_path.iterdir())
-    assert files == sorted(f"counter_{pid}.db" for pid in (os.getpid(), child.pid))
-    scraped = CollectorRegistry()
-    MultiProcessCollector(scraped, path=str(tmp_path))
-    assert scraped.get_sample_value("kvgate_fork_test_total") == 3.0
