@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -62,23 +63,29 @@ def _add_seeds(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("dirs", type=Path, nargs="+", help="fleet report directories (--out)")
     p.add_argument("--doc", type=Path, help="also write the table as a section of this file")
+    p.add_argument(
+        "--section",
+        default="fleet-over-seeds",
+        help="the name of the --doc section to write (replaced where it is, else appended)",
+    )
+    p.add_argument("--title", help="the table's heading (default: Fleet over seeds)")
     p.set_defaults(bench_func=_seeds)
 
 
 def _seeds(args: argparse.Namespace) -> int:
-    from bench.fleet_seeds import load_runs, over_seeds, render
+    from bench.fleet_seeds import DEFAULT_TITLE, load_runs, over_seeds, render
 
-    command = " ".join(["kvgate bench seeds", *sys.argv[3:]])
+    command = " ".join(["kvgate bench seeds", shlex.join(sys.argv[3:])])
     where = args.doc.resolve().parent if args.doc is not None else Path.cwd()
     runs = load_runs(args.dirs)
     links = [(run.command, os.path.relpath((d / "report.md").resolve(), where))
              for run, d in zip(runs, args.dirs, strict=True)]  # fmt: skip
-    markdown = render(over_seeds(runs), command, links)
+    markdown = render(over_seeds(runs), command, links, args.title or DEFAULT_TITLE)
     print(markdown)
     if args.doc is not None:
         from bench.report import write_doc_section
 
-        write_doc_section(args.doc, "fleet-over-seeds", markdown)
+        write_doc_section(args.doc, args.section, markdown)
     return 0
 
 

@@ -30,6 +30,9 @@ class OverSeeds:
     p90_worst_ms: float
     cached_median: float
     pod_ttft_median_ms: float | None  # the pods' own mean TTFT: routing's effect without the hops
+    # per tier, the median over seeds of its share of the prompt tokens; None: the pods
+    # did not report tiers (real vLLM pods do not)
+    tier_shares: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -60,15 +63,39 @@ def over_seeds(runs: Sequence[FleetRun]) -> list[OverSeeds]:
         rows.append(OverSeeds(
             workload, tiers, load, router, len(runs), statistics.median(p90), max(p90),
             statistics.median(c["summary"]["cached_ratio"] for c in runs),
-            statistics.median(pod) if pod else None,
+            statistics.median(pod) if pod else None, _tier_shares(runs),
         ))  # fmt: skip
     return rows
 
 
-def render(rows: Sequence[OverSeeds], command: str, runs: Sequence[tuple[str, str]] = ()) -> str:
+def _tier_shares(cells: Sequence[dict[str, Any]]) -> dict[str, float] | None:
+    """Per tier, the median over ``cells`` of the share of prompt tokens it served."""
+    shares: dict[str, list[float]] = {}
+    for c in cells:
+        stats = c.get("stats") or {}
+        if not stats.get("tiers_reported") or not stats.get("prompt_tokens"):
+            return None
+        for tier, tokens in stats["tier_tokens"].items():
+            shares.setdefault(tier, []).append(tokens / stats["prompt_tokens"])
+    return {tier: statistics.median(s) for tier, s in sorted(shares.items())} or None
+
+
+def _tier_cell(shares: dict[str, float] | None) -> str:
+    return "n/a" if shares is None else " / ".join(f"{t} {s:.0%}" for t, s in shares.items())
+
+
+DEFAULT_TITLE = "Fleet over seeds"
+
+
+def render(
+    rows: Sequence[OverSeeds],
+    command: str,
+    runs: Sequence[tuple[str, str]] = (),
+    title: str = DEFAULT_TITLE,
+) -> str:
     """Markdown of ``rows``; ``runs``: (fleet command, link to its report) per seed."""
     lines = [
-        "## Fleet over seeds",
+        f"## {title}",
         "",
         f"Command: `{command}`, over these runs of one plan (each report has its plots):",
         "",
@@ -76,17 +103,19 @@ def render(rows: Sequence[OverSeeds], command: str, runs: Sequence[tuple[str, st
         "",
         "Median and worst TTFT p90 over the seeds; *pod TTFT* is the median over seeds of "
         "the pods' own mean TTFT (the routing's effect without the HTTP hops and the "
-        "router's own time).",
+        "router's own time); *served from* is the median over seeds of each tier's share of "
+        "the prompt tokens (simulated pods report it).",
         "",
         "| workload | tiers | load | router | seeds | TTFT p90 median ms | p90 worst ms | cached "
-        "| pod TTFT ms |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| pod TTFT ms | served from |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         pod = "n/a" if r.pod_ttft_median_ms is None else f"{r.pod_ttft_median_ms:.0f}"
         lines.append(
             f"| {r.workload} | {r.tiers} | {r.load} | {r.router} | {r.seeds} | "
-            f"{r.p90_median_ms:.0f} | {r.p90_worst_ms:.0f} | {r.cached_median:.1%} | {pod} |"
+            f"{r.p90_median_ms:.0f} | {r.p90_worst_ms:.0f} | {r.cached_median:.1%} | {pod} | "
+            f"{_tier_cell(r.tier_shares)} |"
         )
     lines += ["", "| workload | tiers | load | peer | kv-aware p90 / peer p90 (median) | "
               "kv-aware worst / peer worst ms |", "|---|---|---|---|---|---|"]  # fmt: skip

@@ -3,14 +3,20 @@
 import json
 
 from bench.fleet_seeds import load_runs, over_seeds, render
+from cli.main import main
 
 
-def run_dir(tmp_path, seed, p90s):
+def run_dir(tmp_path, seed, p90s, tier_tokens=None):
+    """A fleet run's results.json; ``tier_tokens``: per tier, the prompt tokens (of 1,000)
+    it served, as simulated pods report them."""
     d = tmp_path / f"seed-{seed}"
     d.mkdir()
+    stats = {"pod_ttft_sum_s": 2.0, "pod_ttft_count": 40}
+    if tier_tokens is not None:
+        stats |= {"prompt_tokens": 1000, "tier_tokens": tier_tokens, "tiers_reported": True}
     cells = [{"workload": "rag", "tiers": "L0+L1+L2", "load": "12 qps", "router": router,
               "skipped": "", "summary": {"ttft_p90_ms": p90, "cached_ratio": 0.9},
-              "stats": {"pod_ttft_sum_s": 2.0, "pod_ttft_count": 40}}
+              "stats": stats}
              for router, p90 in p90s.items()]  # fmt: skip
     cells.append({"workload": "rag", "tiers": "L0", "load": "12 qps", "router": "kv-aware",
                   "skipped": "router unavailable", "summary": None})  # fmt: skip
@@ -30,3 +36,41 @@ def test_medians_and_worsts_over_seeds_and_kv_aware_against_each_peer(tmp_path):
     assert "| rag | L0+L1+L2 | 12 qps | sglang-router | 1.00 | 120 / 100 |" in render(
         list(rows.values()), "cmd"
     )
+
+
+def test_the_tiers_share_of_prompt_tokens_is_a_median_over_seeds(tmp_path):
+    dirs = [run_dir(tmp_path, 0, {"kv-aware": 80}, {"L0": 600, "L1": 300, "L2": 0}),
+            run_dir(tmp_path, 1, {"kv-aware": 90}, {"L0": 200, "L1": 650, "L2": 50}),
+            run_dir(tmp_path, 2, {"kv-aware": 85}, {"L0": 400, "L1": 400, "L2": 100})]  # fmt: skip
+    (row,) = over_seeds(load_runs(dirs))
+    assert row.tier_shares == {"L0": 0.4, "L1": 0.4, "L2": 0.05}
+    assert "| 85 | 90 | 90.0% | 50 | L0 40% / L1 40% / L2 5% |" in render([row], "cmd")
+
+
+def test_pods_that_report_no_tiers_leave_the_column_empty(tmp_path):
+    dirs = [run_dir(tmp_path, 0, {"kv-aware": 80}, {"L0": 600, "L1": 300, "L2": 0}),
+            run_dir(tmp_path, 1, {"kv-aware": 90})]  # fmt: skip
+    (row,) = over_seeds(load_runs(dirs))
+    assert row.tier_shares is None
+    assert render([row], "cmd").count("| 50 | n/a |") == 1
+
+
+def test_a_named_section_with_its_own_title_leaves_the_default_one(tmp_path, capsys):
+    doc = tmp_path / "BENCHMARKS.md"
+    first = run_dir(tmp_path, 0, {"kv-aware": 80, "sglang-router": 100})
+    assert main(["bench", "seeds", str(first), "--doc", str(doc)]) == 0
+    second = tmp_path / "k4"
+    second.mkdir()
+    other = run_dir(second, 0, {"kv-aware": 60, "sglang-router": 120})
+    args = ["bench", "seeds", str(other), "--doc", str(doc), "--section", "tiers-k4",
+            "--title", "Shared prefixes at 4x the fleet's L0"]  # fmt: skip
+    assert main(args) == 0
+
+    text = doc.read_text()
+    default = text[text.index("<!-- kvgate-section:fleet-over-seeds -->") :]
+    named = text[text.index("<!-- kvgate-section:tiers-k4 -->") :]
+    assert default.index("## Fleet over seeds") < default.index("| 0.80 | 80 / 100 |")
+    assert named.index("## Shared prefixes at 4x the fleet's L0") < named.index(
+        "| 0.50 | 60 / 120 |"
+    )
+    assert text.count("<!-- /kvgate-section:") == 2
