@@ -258,7 +258,7 @@ def render(
 def _error_lines(cells: list[Cell]) -> list[str]:
     """What each cell's failed requests said, under its table (nothing when none failed)."""
     lines = [
-        f"- {c.router}, {c.tiers}, {c.load}: {count} x `{_code_span(message)}`"
+        f"- {c.router}, {c.tiers}, {c.load}: {count} x `{code_span(message)}`"
         for c in cells
         if c.summary is not None
         for message, count in c.summary.error_kinds.items()
@@ -266,7 +266,7 @@ def _error_lines(cells: list[Cell]) -> list[str]:
     return ["Failed requests:", "", *lines, ""] if lines else []
 
 
-def _code_span(text: str) -> str:
+def code_span(text: str) -> str:
     """``text`` fit for one Markdown code span on one line: backticks would end the span
     and a newline the list item."""
     return " ".join(text.replace("`", "'").split())

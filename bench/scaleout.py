@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.fleet import Cell, FleetPlan, run_cell_retrying
-from bench.report import environment, markdown_table
+from bench.report import code_span, environment, markdown_table
 
 SHARING = ("memory", "redis")
 
@@ -160,6 +160,7 @@ def run_scaleout(
     console = console or Console(width=160)
     cells: list[Cell] = []
     label: dict[int, str] = {}
+    seed_of: dict[int, int] = {}
     for seed in seeds:
         seeded = make_plan(seed)
         for workload in seeded.workloads:
@@ -170,12 +171,12 @@ def run_scaleout(
                             for router in seeded.routers:
                                 cell_plan = replace(seeded, gateways=n, redis=mode == "redis")
                                 cell = run_cell_retrying(cell_plan, workload, tier, load, router)
-                                label[id(cell)] = mode
+                                label[id(cell)], seed_of[id(cell)] = mode, seed
                                 cells.append(cell)
                                 _print_cell(cell, mode, seed, console)
     rows = summarize_scale(cells, lambda c: label[id(c)])
     vs = verdicts(rows)
-    write_scale_report(cells, rows, vs, plan, out_dir, command, seeds, label)
+    write_scale_report(cells, rows, vs, plan, out_dir, command, seeds, label, seed_of)
     table = Table(title="kv-aware scaled out: median over seeds")
     for col in SCALE_COLUMNS:
         table.add_column(col, overflow="fold")
@@ -201,6 +202,18 @@ def _print_cell(cell: Cell, mode: str, seed: int, console: Console) -> None:
     print_cell(cell, console, where, f"per replica {cell.per_gateway}  ")
 
 
+def failed_requests(cells: list[Cell], where: Callable[[Cell], str]) -> list[str]:
+    """What each cell's failed requests said (nothing when none failed): the errors
+    column sums them over seeds, and a count alone does not say what to look at."""
+    lines = [
+        f"- {c.workload}, {c.tiers}, {c.router}, {where(c)}: {count} x `{code_span(message)}`"
+        for c in cells
+        if c.summary is not None
+        for message, count in c.summary.error_kinds.items()
+    ]
+    return ["Failed requests:", "", *lines, ""] if lines else []
+
+
 def write_scale_report(
     cells: list[Cell],
     rows: list[ScaleRow],
@@ -210,6 +223,7 @@ def write_scale_report(
     command: str,
     seeds: list[int],
     label: dict[int, str],
+    seed_of: dict[int, int],
 ) -> Path:
     from bench.plots import scale_plots
 
@@ -235,13 +249,16 @@ def write_scale_report(
         "used_memory.",
         "",
     ]
+    parts += failed_requests(
+        cells, lambda c: f"{label[id(c)]} x{c.gateways}, seed {seed_of[id(c)]}"
+    )
     parts += [f"![{p.stem}]({p.name})" for p in plots] + [""]
     (out_dir / "report.md").write_text("\n".join(parts))
     data = {
         "environment": env,
         "rows": [asdict(r) for r in rows],
         "verdicts": [asdict(v) | {"holds": v.holds} for v in vs],
-        "cells": [{**c.as_json(), "sharing": label[id(c)]} for c in cells],
+        "cells": [{**c.as_json(), "sharing": label[id(c)], "seed": seed_of[id(c)]} for c in cells],
     }
     (out_dir / "results.json").write_text(json.dumps(data, indent=2, default=str))
     return out_dir / "report.md"

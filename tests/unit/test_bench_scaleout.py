@@ -30,3 +30,41 @@ def test_rows_and_verdicts_are_per_router():
     assert round(vs["least-loaded"].p90_ratio, 3) == round(140 / 110, 3)
     assert round(vs["least-loaded"].cached_points, 6) == -1.0
     assert round(vs["power-of-two"].p90_ratio, 3) == round(215 / 210, 3)
+
+
+def test_the_report_says_what_failed_requests_said_per_cell():
+    from bench.scaleout import failed_requests
+
+    failed = _cell("kv-aware", 4, 100, 0.5)
+    failed.summary.error_kinds.update({"502: pod `a` closed\nthe connection": 2})
+    cells = [_cell("kv-aware", 1, 100, 0.5), failed]
+    assert failed_requests(cells, lambda c: f"redis x{c.gateways}, seed 3") == [
+        "Failed requests:",
+        "",
+        "- prefix, L0, kv-aware, redis x4, seed 3: 2 x `502: pod 'a' closed the connection`",
+        "",
+    ]
+    assert failed_requests(cells[:1], lambda c: "") == []
+
+
+def test_the_written_report_lists_failed_requests_and_each_cells_seed(tmp_path):
+    import json
+
+    from bench.fleet import FleetPlan
+    from bench.scaleout import write_scale_report
+
+    one, four = _cell("kv-aware", 1, 100, 0.5), _cell("kv-aware", 4, 120, 0.5)
+    four.summary.error_kinds["timed out"] = 1
+    cells = [one, four]
+    rows = summarize_scale(cells, lambda c: "redis")
+    label = {id(c): "redis" for c in cells}
+    seed_of = {id(one): 0, id(four): 2}
+    command = "kvgate bench fleet --gateways 1,4"
+    plan = FleetPlan(workloads=[])
+    report = write_scale_report(cells, rows, verdicts(rows), plan, tmp_path, command, [0, 2],
+                                label, seed_of)  # fmt: skip
+
+    assert "- prefix, L0, kv-aware, redis x4, seed 2: 1 x `timed out`" in report.read_text()
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert [(c["gateways"], c["seed"], c["sharing"]) for c in data["cells"]] == [
+        (1, 0, "redis"), (4, 2, "redis")]  # fmt: skip
