@@ -15,6 +15,7 @@ import os
 import platform
 import re
 import subprocess
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -250,15 +251,16 @@ def render(
         wcells = [c for c in cells if c.workload == name]
         parts += [f"## Workload `{name}`", "", description, ""]
         parts += [markdown_table(COLUMNS, [cell_row(c) for c in wcells]), ""]
-        parts += _error_lines(wcells)
+        parts += failed_requests(wcells, lambda c: f"{c.router}, {c.tiers}, {c.load}")
         parts += [f"![{p.stem}]({p.name})" for p in plots.get(name, [])] + [""]
     return "\n".join(parts)
 
 
-def _error_lines(cells: list[Cell]) -> list[str]:
-    """What each cell's failed requests said, under its table (nothing when none failed)."""
+def failed_requests(cells: list[Cell], where: Callable[[Cell], str]) -> list[str]:
+    """What each cell's failed requests said, as Markdown lines beginning with the cell's
+    ``where`` (nothing when none failed): a count alone does not say what to look at."""
     lines = [
-        f"- {c.router}, {c.tiers}, {c.load}: {count} x `{code_span(message)}`"
+        f"- {where(c)}: {count} x `{code_span(message)}`"
         for c in cells
         if c.summary is not None
         for message, count in c.summary.error_kinds.items()

@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.fleet import Cell, FleetPlan, run_cell_retrying
-from bench.report import code_span, environment, markdown_table
+from bench.report import environment, failed_requests, markdown_table
 
 SHARING = ("memory", "redis")
 
@@ -202,18 +202,6 @@ def _print_cell(cell: Cell, mode: str, seed: int, console: Console) -> None:
     print_cell(cell, console, where, f"per replica {cell.per_gateway}  ")
 
 
-def failed_requests(cells: list[Cell], where: Callable[[Cell], str]) -> list[str]:
-    """What each cell's failed requests said (nothing when none failed): the errors
-    column sums them over seeds, and a count alone does not say what to look at."""
-    lines = [
-        f"- {c.workload}, {c.tiers}, {c.router}, {where(c)}: {count} x `{code_span(message)}`"
-        for c in cells
-        if c.summary is not None
-        for message, count in c.summary.error_kinds.items()
-    ]
-    return ["Failed requests:", "", *lines, ""] if lines else []
-
-
 def write_scale_report(
     cells: list[Cell],
     rows: list[ScaleRow],
@@ -250,7 +238,11 @@ def write_scale_report(
         "",
     ]
     parts += failed_requests(
-        cells, lambda c: f"{label[id(c)]} x{c.gateways}, seed {seed_of[id(c)]}"
+        cells,
+        lambda c: (
+            f"{c.workload}, {c.tiers}, {c.router}, {label[id(c)]} x{c.gateways}, "
+            f"seed {seed_of[id(c)]}"
+        ),
     )
     parts += [f"![{p.stem}]({p.name})" for p in plots] + [""]
     (out_dir / "report.md").write_text("\n".join(parts))

@@ -32,16 +32,16 @@ def test_rows_and_verdicts_are_per_router():
     assert round(vs["power-of-two"].p90_ratio, 3) == round(215 / 210, 3)
 
 
-def test_the_report_says_what_failed_requests_said_per_cell():
-    from bench.scaleout import failed_requests
+def test_failed_requests_are_listed_per_cell_on_one_markdown_line_each():
+    from bench.report import failed_requests
 
     failed = _cell("kv-aware", 4, 100, 0.5)
     failed.summary.error_kinds.update({"502: pod `a` closed\nthe connection": 2})
     cells = [_cell("kv-aware", 1, 100, 0.5), failed]
-    assert failed_requests(cells, lambda c: f"redis x{c.gateways}, seed 3") == [
+    assert failed_requests(cells, lambda c: f"{c.router} x{c.gateways}") == [
         "Failed requests:",
         "",
-        "- prefix, L0, kv-aware, redis x4, seed 3: 2 x `502: pod 'a' closed the connection`",
+        "- kv-aware x4: 2 x `502: pod 'a' closed the connection`",
         "",
     ]
     assert failed_requests(cells[:1], lambda c: "") == []
