@@ -66,10 +66,18 @@ def _add_seeds(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--section",
         default="fleet-over-seeds",
+        type=_section_name,
         help="the name of the --doc section to write (replaced where it is, else appended)",
     )
     p.add_argument("--title", help="the table's heading (default: Fleet over seeds)")
     p.set_defaults(bench_func=_seeds)
+
+
+def _section_name(text: str) -> str:
+    """A doc section's name: letters, digits, ``_`` and ``-`` (what its markers match)."""
+    if not re.fullmatch(r"[\w-]+", text):
+        raise argparse.ArgumentTypeError(f"{text!r}: letters, digits, _ and - only")
+    return text
 
 
 def _seeds(args: argparse.Namespace) -> int:

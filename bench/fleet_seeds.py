@@ -69,15 +69,16 @@ def over_seeds(runs: Sequence[FleetRun]) -> list[OverSeeds]:
 
 
 def _tier_shares(cells: Sequence[dict[str, Any]]) -> dict[str, float] | None:
-    """Per tier, the median over ``cells`` of the share of prompt tokens it served."""
-    shares: dict[str, list[float]] = {}
+    """Per tier, the median over ``cells`` of the share of prompt tokens it served (a
+    tier a cell does not name served it nothing)."""
+    splits = []
     for c in cells:
         stats = c.get("stats") or {}
         if not stats.get("tiers_reported") or not stats.get("prompt_tokens"):
             return None
-        for tier, tokens in stats["tier_tokens"].items():
-            shares.setdefault(tier, []).append(tokens / stats["prompt_tokens"])
-    return {tier: statistics.median(s) for tier, s in sorted(shares.items())} or None
+        splits.append({t: n / stats["prompt_tokens"] for t, n in stats["tier_tokens"].items()})
+    tiers = sorted({t for split in splits for t in split})
+    return {t: statistics.median(split.get(t, 0.0) for split in splits) for t in tiers} or None
 
 
 def _tier_cell(shares: dict[str, float] | None) -> str:

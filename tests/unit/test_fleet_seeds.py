@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from bench.fleet_seeds import load_runs, over_seeds, render
 from cli.main import main
 
@@ -47,6 +49,14 @@ def test_the_tiers_share_of_prompt_tokens_is_a_median_over_seeds(tmp_path):
     assert "| 85 | 90 | 90.0% | 50 | L0 40% / L1 40% / L2 5% |" in render([row], "cmd")
 
 
+def test_a_tier_a_seed_does_not_name_served_it_nothing(tmp_path):
+    dirs = [run_dir(tmp_path, 0, {"kv-aware": 80}, {"L0": 600, "L2": 300}),
+            run_dir(tmp_path, 1, {"kv-aware": 90}, {"L0": 700}),
+            run_dir(tmp_path, 2, {"kv-aware": 85}, {"L0": 800, "L2": 100})]  # fmt: skip
+    (row,) = over_seeds(load_runs(dirs))
+    assert row.tier_shares == {"L0": 0.7, "L2": 0.1}
+
+
 def test_pods_that_report_no_tiers_leave_the_column_empty(tmp_path):
     dirs = [run_dir(tmp_path, 0, {"kv-aware": 80}, {"L0": 600, "L1": 300, "L2": 0}),
             run_dir(tmp_path, 1, {"kv-aware": 90})]  # fmt: skip
@@ -74,3 +84,12 @@ def test_a_named_section_with_its_own_title_leaves_the_default_one(tmp_path, cap
         "| 0.50 | 60 / 120 |"
     )
     assert text.count("<!-- /kvgate-section:") == 2
+
+
+def test_a_section_name_its_markers_could_not_find_is_refused(tmp_path, capsys):
+    run = run_dir(tmp_path, 0, {"kv-aware": 80})
+    doc = tmp_path / "BENCHMARKS.md"
+    with pytest.raises(SystemExit):
+        main(["bench", "seeds", str(run), "--doc", str(doc), "--section", "two words"])
+    assert "letters, digits, _ and - only" in capsys.readouterr().err
+    assert not doc.exists()
