@@ -226,8 +226,8 @@ async def running_gateway(
         loop_lag.start()
         gc_pauses = heap.GcPauses(prometheus)
         gc_pauses.start()
-        flushing = asyncio.create_task(batched.run()) if batched is not None else None
         heap.settle()  # what start-up built lives as long as the gateway
+        flushing = asyncio.create_task(batched.run()) if batched is not None else None
         try:
             yield gw
         finally:
