@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.fleet import is_peer
+from bench.podstats import FleetStats
 
 
 @dataclass(frozen=True)
@@ -58,27 +59,24 @@ def over_seeds(runs: Sequence[FleetRun]) -> list[OverSeeds]:
     rows = []
     for (workload, tiers, load, router), runs in groups.items():
         p90 = [c["summary"]["ttft_p90_ms"] for c in runs]
-        pod = [c["stats"]["pod_ttft_sum_s"] / c["stats"]["pod_ttft_count"] * 1000
-               for c in runs if c.get("stats") and c["stats"].get("pod_ttft_count")]  # fmt: skip
+        stats = [FleetStats(**c["stats"]) if c.get("stats") else None for c in runs]
+        pod = [s.pod_ttft_mean_s * 1000 for s in stats if s and s.pod_ttft_mean_s is not None]
         rows.append(OverSeeds(
             workload, tiers, load, router, len(runs), statistics.median(p90), max(p90),
             statistics.median(c["summary"]["cached_ratio"] for c in runs),
-            statistics.median(pod) if pod else None, _tier_shares(runs),
+            statistics.median(pod) if pod else None, _tier_shares(stats),
         ))  # fmt: skip
     return rows
 
 
-def _tier_shares(cells: Sequence[dict[str, Any]]) -> dict[str, float] | None:
-    """Per tier, the median over ``cells`` of the share of prompt tokens it served (a
-    tier a cell does not name served it nothing)."""
-    splits = []
-    for c in cells:
-        stats = c.get("stats") or {}
-        if not stats.get("tiers_reported") or not stats.get("prompt_tokens"):
-            return None
-        splits.append({t: n / stats["prompt_tokens"] for t, n in stats["tier_tokens"].items()})
-    tiers = sorted({t for split in splits for t in split})
-    return {t: statistics.median(split.get(t, 0.0) for split in splits) for t in tiers} or None
+def _tier_shares(stats: Sequence[FleetStats | None]) -> dict[str, float] | None:
+    """Per tier, the median over the cells' ``stats`` of the share of prompt tokens it
+    served (a tier a cell does not name served it nothing)."""
+    reported = [s for s in stats if s is not None and s.tiers_reported and s.prompt_tokens]
+    if len(reported) < len(stats):
+        return None
+    tiers = sorted({t for s in reported for t in s.tier_tokens})
+    return {t: statistics.median(s.tier_rate(t) or 0.0 for s in reported) for t in tiers} or None
 
 
 def _tier_cell(shares: dict[str, float] | None) -> str:
