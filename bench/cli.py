@@ -74,8 +74,10 @@ def _add_seeds(sub: argparse._SubParsersAction) -> None:
 
 
 def _section_name(text: str) -> str:
-    """A doc section's name: letters, digits, ``_`` and ``-`` (what its markers match)."""
-    if not re.fullmatch(r"[\w-]+", text):
+    """A doc section's name, checked before the run rather than at its write."""
+    from bench.report import SECTION_NAME
+
+    if not SECTION_NAME.fullmatch(text):
         raise argparse.ArgumentTypeError(f"{text!r}: letters, digits, _ and - only")
     return text
 

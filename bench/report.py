@@ -307,7 +307,10 @@ directory and this file, keeping the other sections).
 """
 # Other benchmarks' sections of the doc, each between its markers; rewriting the fleet
 # report keeps them, and each benchmark rewrites only its own.
-_SECTION = re.compile(r"<!-- kvgate-section:([\w-]+) -->.*?<!-- /kvgate-section:\1 -->\n?", re.S)
+SECTION_NAME = re.compile(r"[\w-]+")  # what a section's markers can name
+_SECTION = re.compile(
+    rf"<!-- kvgate-section:({SECTION_NAME.pattern}) -->.*?<!-- /kvgate-section:\1 -->\n?", re.S
+)
 
 
 def write_benchmarks_doc(report_md: Path, doc: Path) -> Path:
@@ -327,7 +330,10 @@ def images_relative(markdown: str, report_md: Path, doc: Path) -> str:
 
 def write_doc_section(doc: Path, name: str, markdown: str) -> Path:
     """Put ``markdown`` into ``doc`` as its section ``name``: replaced where it is, else
-    appended; the rest of ``doc`` stays as it was."""
+    appended; the rest of ``doc`` stays as it was. A name its markers cannot match would
+    be appended again on every write: refused."""
+    if not SECTION_NAME.fullmatch(name):
+        raise ValueError(f"doc section {name!r}: letters, digits, _ and - only")
     block = f"<!-- kvgate-section:{name} -->\n{markdown.strip()}\n<!-- /kvgate-section:{name} -->\n"
     text = doc.read_text() if doc.exists() else DOC_HEADER
     found = [m for m in _SECTION.finditer(text) if m.group(1) == name]

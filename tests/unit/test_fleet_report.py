@@ -3,6 +3,8 @@ and docs/BENCHMARKS.md's sections."""
 
 import argparse
 
+import pytest
+
 from bench.fleet import Cell, FleetPlan, Load, run_fleet
 from bench.fleet_cli import _peers
 from bench.quick import PRESETS
@@ -147,3 +149,10 @@ def test_a_cell_line_prints_its_errors_as_the_client_wrote_them():
     console = Console(record=True, width=200)
     print_cell(Cell("rag", "L0", "12 qps", "round-robin", summary=s), console)
     assert f"1 x {message}" in console.export_text()  # rich markup in it left as text
+
+
+def test_a_doc_section_name_its_markers_cannot_match_is_refused(tmp_path):
+    doc = tmp_path / "BENCHMARKS.md"
+    with pytest.raises(ValueError, match="letters, digits, _ and - only"):
+        write_doc_section(doc, "two words", "## A table\n")
+    assert not doc.exists()
