@@ -52,6 +52,9 @@ def add_fleet(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefix-k", type=positive_float,
                    help="prefix workload: its prefixes' tokens as a multiple of the fleet's "
                    "L0 (default: the preset's 0.75; above 1 they spill into L1/L2)")  # fmt: skip
+    p.add_argument("--rag-k", type=positive_float,
+                   help="RAG workload: its documents' tokens as a multiple of the fleet's L0 "
+                   "(default: 12 documents, ~0.7x)")  # fmt: skip
     p.add_argument("--redis", action="store_true", help="kvgate's index in a real redis-server")
     p.add_argument("--workers", type=int, default=1, help="worker processes per kvgate replica")
     p.add_argument("--gateways", type=_ints, metavar="N[,N...]",
@@ -116,6 +119,7 @@ def run_fleet_cli(args: argparse.Namespace) -> int:
             "requests": args.requests,
             "l1_capacity_blocks": args.l1_capacity_blocks,
             "prefix_k": args.prefix_k,
+            "rag_k": args.rag_k,
             "routers": tuple(args.routers) if args.routers else None,
             "peers": tuple(peers) if peers is not None else None,
         }.items()

@@ -41,6 +41,8 @@ from rich.table import Table
 from bench.fleet import STRATEGIES, Cell, FleetPlan, Load, run_fleet
 from bench.workloads import Workload, chat_workload, prefix_groups_workload, rag_workload
 
+RAG_DOC_TOKENS = 1900  # each RAG document's length in the presets
+
 QUICK_POD: dict[str, Any] = {
     "overhead_s": 0.02,
     "prefill_tokens_per_s": 4000.0,
@@ -67,6 +69,9 @@ class Preset:
     # below 1 a router that partitions the prefixes keeps them all in L0; above 1 they
     # spill into L1/L2, where the tiers (and a router that knows them) matter.
     prefix_k: float = 0.75
+    # The RAG workload's documents as a multiple of the fleet's L0, like ``prefix_k``;
+    # None: 12 documents (~0.7x the default fleet's L0, so they all fit it).
+    rag_k: float | None = None
     trace_requests: int = 200
     trace_speedup: float = 4.0
     trace_tokens_per_hash: int = 32
@@ -93,7 +98,14 @@ def build_workloads(
     out: list[Workload] = []
     for name in names:
         if name == "rag":
-            out.append(rag_workload(tok, docs=12, requests=preset.requests, seed=seed))
+            docs = 12
+            if preset.rag_k is not None:
+                docs = max(1, round(preset.rag_k * fleet_l0_tokens / RAG_DOC_TOKENS))
+            out.append(
+                rag_workload(
+                    tok, docs=docs, doc_tokens=RAG_DOC_TOKENS, requests=preset.requests, seed=seed
+                )
+            )
         elif name == "prefix":
             out.append(
                 prefix_groups_workload(

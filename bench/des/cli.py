@@ -49,6 +49,9 @@ def add_des_arguments(parser: argparse.ArgumentParser) -> None:
     a("--prefix-k", type=positive_float, default=None,
       help="with --preset: the prefix workload's prefix tokens as a multiple of the fleet's "
       "L0 (default: the preset's)")  # fmt: skip
+    a("--rag-k", type=positive_float, default=None,
+      help="with --preset: the RAG workload's document tokens as a multiple of the fleet's "
+      "L0 (default: 12 documents)")  # fmt: skip
     a("--requests", type=int, default=None,
       help="with --preset: requests per workload (default: the preset's)")  # fmt: skip
     a("--pods", type=int, default=None, help="default: 16, or the preset's")
@@ -194,7 +197,8 @@ def run_preset(args: argparse.Namespace, strategies: list[str]) -> list[DesSumma
 
     preset = get_preset(args.preset)
     changes: dict[str, Any] = {"pods": args.pods, "tiers": tuple(_csv(args.tiers)) or None,
-                               "prefix_k": args.prefix_k, "requests": args.requests}  # fmt: skip
+                               "prefix_k": args.prefix_k, "rag_k": args.rag_k,
+                               "requests": args.requests}  # fmt: skip
     preset = replace(preset, **{k: v for k, v in changes.items() if v is not None})
     block_size = args.block_size or PRESET_BLOCK_SIZE
     kv_base = kv_aware_options(preset, block_size)

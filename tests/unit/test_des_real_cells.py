@@ -158,7 +158,30 @@ def test_the_preset_prefix_workload_takes_its_size_and_requests_from_the_command
     assert summary.requests == 30
 
 
+def test_the_preset_rag_workload_takes_its_corpus_size_from_the_command(tmp_path):
+    from dataclasses import replace
+
+    from bench.des.cli import run_preset
+    from bench.quick import PRESETS, RAG_DOC_TOKENS, build_workloads
+
+    (default,) = build_workloads(["rag"], PRESETS["quick"], PRESETS["quick"].pods, seed=0)
+    assert default.description.startswith("12 documents of 1900")
+    preset = replace(PRESETS["quick"], rag_k=4.0, requests=40)
+    (workload,) = build_workloads(["rag"], preset, preset.pods, seed=0)
+    # 4 x the fleet's L0 (4 pods x 256 blocks x 32 tokens = 32,768) in 1,900-token documents.
+    docs = round(4.0 * 32_768 / RAG_DOC_TOKENS)
+    assert workload.description.startswith(f"{docs} documents of {RAG_DOC_TOKENS}")
+    assert len(workload.requests()) == 40
+    documents = {r.messages[1]["content"].split("\n\nQuestion")[0] for r in workload.requests()}
+    assert len(documents) > 12
+    args = _args("--preset", "quick", "--workloads", "rag", "--tiers", "L0",
+                 "--rag-k", "4", "--requests", "40")  # fmt: skip
+    (summary,) = run_preset(args, ["round-robin"])
+    assert summary.requests == 40
+
+
+@pytest.mark.parametrize("flag", ["--prefix-k", "--rag-k"])
 @pytest.mark.parametrize("k", ["0", "-1", "inf", "x"])
-def test_a_prefix_size_that_is_not_above_zero_is_refused(k):
+def test_a_working_set_size_that_is_not_above_zero_is_refused(flag, k):
     with pytest.raises(SystemExit):
-        _args("--preset", "quick", "--prefix-k", k)
+        _args("--preset", "quick", flag, k)
