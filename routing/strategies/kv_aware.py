@@ -24,20 +24,32 @@ requests then recompute and queue, which makes the next spill likelier: the tail
 varies from seed to seed (``kvgate bench des --preset quick --seeds 0,...,9`` with
 ``eviction_weight`` 0 shows it; docs/performance.md has the numbers).
 With the cost a pod that lacks the prefix must beat the holder by what its write
-evicts: for a cold prompt that is the same everywhere (no effect), for a prefix held in
-L2 it is an L2 load (spilling stays cheap), without lower tiers it is a recompute.
+evicts: for a prefix held in L2 it is an L2 load (spilling stays cheap), without lower
+tiers it is a recompute.
 Only a cache under pressure evicts: where the pod's L0 size is scraped
 (``vllm:cache_config_info``) and the index counts what its events put there
-(``PodView.kv_capacity_blocks``, ``kv_held_blocks``), blocks written while the pod
-stays under ``roomy_share`` (a quarter) of its L0 cost nothing, so a fleet with room
-replicates a hot prefix as soon as the holder's queue costs more than the copy's
-prefill. Why not all the free room: a cache under pressure is empty only for its first
-seconds, and what a copy fills then is evicted later all the same; counting that room
-as free made the first placements of ``kvgate bench des --preset quick`` spread
-prefixes, which the fleet paid for through the run (rag L0 TTFT p90 median 90 -> 197
-ms over 12 seeds; with a quarter, unchanged). Unknown size or occupancy (a pod
-whose events the gateway does not follow) is priced as a full cache; a followed pod
-whose events stored nothing holds nothing (a pod just started or reset is empty).
+(``PodView.kv_capacity_blocks``, ``kv_held_blocks``), only the blocks that do not fit
+evict (``evicted_blocks``). What fits depends on what is written:
+
+* a copy (blocks another pod or L2 holds) fits while the pod stays under
+  ``roomy_share`` (a quarter) of its L0, so a fleet with room replicates a hot prefix
+  as soon as the holder's queue costs more than the copy's prefill. Why not all the
+  free room: a cache under pressure is empty only for its first seconds, and what a
+  copy fills then is evicted later all the same; counting that room as free made the
+  first placements of ``kvgate bench des --preset quick`` spread prefixes, which the
+  fleet paid for through the run (rag L0 TTFT p90 median 90 -> 197 ms over 12 seeds;
+  with a quarter, unchanged);
+* new blocks (held nowhere) must be written somewhere, so they fit in all the pod's
+  free room (less what its prefills in flight will write): a new prompt goes where it
+  evicts least, not to the pod whose queue is a few milliseconds shorter. Priced as
+  evicting everywhere, a new prefix went by queue alone and could land on a pod whose
+  L0 its homed prefixes already filled, evicting them and recomputing through the
+  run: DES quick preset, 12 seeds, prefix L0 TTFT p90 median 153 -> 100 ms, and no
+  cell worse (docs/real-engines.md, "The simulated presets before and after").
+
+Unknown size or occupancy (a pod whose events the gateway does not follow) is priced
+as a full cache; a followed pod whose events stored nothing holds nothing (a pod just
+started or reset is empty).
 """
 
 from __future__ import annotations
@@ -153,7 +165,8 @@ class KvAware(Strategy):
         now: float,
     ) -> Decision:
         cost = self.cost_model(req.model)
-        estimates = [self.estimate(cost, req, pod, match) for pod in pods]
+        anywhere = _held_anywhere(match)
+        estimates = [self.estimate(cost, req, pod, match, anywhere) for pod in pods]
         best = min(estimates, key=_rank)
         return Decision(
             pod=best.pod.id,
@@ -170,7 +183,12 @@ class KvAware(Strategy):
         )
 
     def estimate(
-        self, cost: CostModel, req: RouteRequest, pod: PodView, match: PrefixMatch | None
+        self,
+        cost: CostModel,
+        req: RouteRequest,
+        pod: PodView,
+        match: PrefixMatch | None,
+        held_anywhere: int | None = None,
     ) -> PodEstimate:
         """Tier split, predicted TTFT and eviction cost of ``req`` on ``pod``."""
         bs = match.block_size if match is not None else cost.block_size
@@ -192,11 +210,22 @@ class KvAware(Strategy):
         # write evicts as many blocks, which their next request must fetch again. Priced
         # like this request's own missing blocks (loads where it loads, prefill where it
         # computes), times ``eviction_weight``. Equal on every pod for a cold prompt.
-        # Only the blocks that do not fit in the pod's roomy part evict anything.
+        # Where the pod's L0 size and occupancy are known, only the blocks that do not
+        # fit evict anything (``evicted_blocks``).
         evict = self.eviction_weight * cost.fill_s(l1, l2, cap - l0 - l1 - l2)
+        written = (cap - l0) // bs
         if evict > 0.0 and pod.kv_capacity_blocks > 0 and pod.kv_held_blocks is not None:
-            room = int(pod.kv_capacity_blocks * self.roomy_share) - pod.kv_held_blocks
-            evict *= evicted_share((cap - l0) // bs, room)
+            if held_anywhere is None:
+                held_anywhere = _held_anywhere(match)
+            copies = max(0, min(held_anywhere, cap // bs) - l0 // bs)
+            size, held = pod.kv_capacity_blocks, pod.kv_held_blocks
+            evicted = evicted_blocks(
+                copies,
+                written - copies,
+                roomy_room=int(size * self.roomy_share) - held,
+                free_room=size - held - pod.in_flight_prefill_tokens // bs,
+            )
+            evict *= evicted / written if written > 0 else 0.0
         return PodEstimate(pod, l0, l1, l2, ttft, evict)
 
     def observe(self, req: RouteRequest, decision: Decision, outcome: Outcome) -> None:
@@ -227,12 +256,23 @@ class KvAware(Strategy):
         )
 
 
-def evicted_share(written_blocks: int, free_blocks: int) -> float:
-    """Share of ``written_blocks`` new L0 blocks that evict a cached one, given
-    ``free_blocks`` of room (vLLM fills free blocks before it evicts)."""
-    if written_blocks <= 0:
-        return 0.0
-    return max(0, written_blocks - max(0, free_blocks)) / written_blocks
+def _held_anywhere(match: PrefixMatch | None) -> int:
+    """Blocks of the prompt's prefix that some pod's L0/L1 or the fleet's L2 holds."""
+    if match is None:
+        return 0
+    return max([match.l2, *(held.l0_l1 for held in match.pods.values())])
+
+
+def evicted_blocks(copies: int, new: int, roomy_room: int, free_room: int) -> int:
+    """How many of a write's L0 blocks evict a cached block (vLLM fills free blocks
+    before it evicts). ``copies`` are blocks another pod or the L2 tier holds, written
+    first (a prompt's held part is its head); they evict beyond ``roomy_room``, the room
+    left under ``roomy_share`` of the cache, since room above that is a cache under
+    pressure that is empty only for its first seconds (module docstring). ``new`` blocks
+    are held nowhere: they must be written on some pod, so the pod with room for them
+    is the one where they evict nothing; they evict beyond the ``free_room`` the copies
+    left (the pod's free blocks less those its prefills in flight will write)."""
+    return max(0, copies - max(0, roomy_room)) + max(0, new - max(0, free_room - copies))
 
 
 def _counts_agree(reported: int, exact: int) -> bool:

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from kvindex.types import PodPrefix, PrefixMatch
 from routing.load import LoadTracker
-from routing.strategies.kv_aware import KvAware, evicted_share
+from routing.strategies.kv_aware import KvAware, evicted_blocks
 from routing.strategy_registry import build_strategy
 from routing.types import Decision, Outcome, PodView, Reason, RouteRequest
 
@@ -112,13 +112,45 @@ def test_a_pod_with_l0_room_takes_a_copy_of_a_hot_prefix_for_its_prefill_alone()
     assert _simple(roomy_share=0.0).choose(_req(1601), [hot, idle], match, 0.0).pod == "hot"
 
 
-def test_evicted_share_counts_only_the_blocks_beyond_the_free_room():
-    assert evicted_share(100, 0) == 1.0
-    assert evicted_share(100, 40) == pytest.approx(0.6)
-    assert evicted_share(100, 100) == 0.0
-    assert evicted_share(100, 10**6) == 0.0
-    assert evicted_share(0, 0) == 0.0
-    assert evicted_share(10, -3) == 1.0
+def test_evicted_blocks_counts_copies_beyond_the_roomy_part_and_new_blocks_beyond_the_free():
+    # Copies only: what does not fit under the roomy share evicts.
+    assert evicted_blocks(100, 0, roomy_room=0, free_room=10**6) == 100
+    assert evicted_blocks(100, 0, roomy_room=40, free_room=10**6) == 60
+    assert evicted_blocks(100, 0, roomy_room=-3, free_room=10**6) == 100
+    # New blocks only: what does not fit in all the free room evicts.
+    assert evicted_blocks(0, 100, roomy_room=0, free_room=100) == 0
+    assert evicted_blocks(0, 100, roomy_room=0, free_room=30) == 70
+    assert evicted_blocks(0, 100, roomy_room=0, free_room=-5) == 100
+    # Both: the copies are written first and take their share of the free room.
+    assert evicted_blocks(40, 60, roomy_room=0, free_room=80) == 40 + 20
+    assert evicted_blocks(40, 60, roomy_room=40, free_room=100) == 0
+    assert evicted_blocks(0, 0, roomy_room=0, free_room=0) == 0
+
+
+def test_a_new_prompt_goes_where_it_evicts_least_not_to_a_full_pod_a_little_less_queued():
+    # 1,601 tokens held nowhere: 100 blocks to write on any pod. Both caches hold 10,000
+    # blocks. "full" holds 9,944 and has 96 tokens (6 blocks) queued, so 50 blocks free;
+    # "roomy" holds 5,000, far above a quarter, and has 300 tokens queued. Priced as
+    # evicting everywhere (the copies' rule), the queue would decide: full, by 204 ms.
+    # But there the write evicts 50 blocks of other prefixes (800 ms of their prefill),
+    # on roomy none.
+    match = _match(1601)
+    full = PodView("full", 1, 96, kv_capacity_blocks=10_000, kv_held_blocks=9_944)
+    roomy = PodView("roomy", 1, 300, kv_capacity_blocks=10_000, kv_held_blocks=5_000)
+    d = _simple().choose(_req(1601), [full, roomy], match, 0.0)
+    assert d.pod == "roomy"
+    assert d.scores == pytest.approx({"full": 1.697 + 0.8, "roomy": 1.901})
+    # What a pod's prefills in flight will write counts as taken: 5,000 blocks queued on
+    # a pod holding 5,000 leave no room, so all 100 blocks evict (1.6 s of prefill).
+    busy = PodView("busy", 1, 5_000 * BS, kv_capacity_blocks=10_000, kv_held_blocks=5_000)
+    kv = _simple()
+    assert kv.estimate(kv.default_cost, _req(1601), busy, match).eviction_s == pytest.approx(1.6)
+    # A prefix another pod holds is a copy on these two: the roomy share rules, both are
+    # above it, so both evict all 100 blocks and the queue decides.
+    match = _match(1601, other=PodPrefix(l0=100, l0_l1=100))
+    d = _simple().choose(_req(1601), [full, roomy], match, 0.0)
+    assert d.pod == "full"
+    assert d.scores == pytest.approx({"full": 1.697 + 1.6, "roomy": 1.901 + 1.6})
 
 
 def test_evicting_what_l2_holds_costs_an_l2_load_so_spilling_stays_cheap():
