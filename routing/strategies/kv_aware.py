@@ -190,7 +190,9 @@ class KvAware(Strategy):
         match: PrefixMatch | None,
         held_anywhere: int | None = None,
     ) -> PodEstimate:
-        """Tier split, predicted TTFT and eviction cost of ``req`` on ``pod``."""
+        """Tier split, predicted TTFT and eviction cost of ``req`` on ``pod``.
+        ``held_anywhere``: the blocks of the prompt some pod or L2 holds (``pick`` works
+        it out once for all candidates; None: from ``match``)."""
         bs = match.block_size if match is not None else cost.block_size
         prompt = req.prompt_tokens
         if prompt <= 0 and match is not None:
@@ -209,12 +211,12 @@ class KvAware(Strategy):
         # counts only running requests' blocks, so "full" cannot be read from it): the
         # write evicts as many blocks, which their next request must fetch again. Priced
         # like this request's own missing blocks (loads where it loads, prefill where it
-        # computes), times ``eviction_weight``. Equal on every pod for a cold prompt.
-        # Where the pod's L0 size and occupancy are known, only the blocks that do not
-        # fit evict anything (``evicted_blocks``).
+        # computes), times ``eviction_weight``. Where the pod's L0 size and occupancy are
+        # known, only the blocks that do not fit evict anything (``evicted_blocks``);
+        # where they are not, a new prompt is priced alike on every pod.
         evict = self.eviction_weight * cost.fill_s(l1, l2, cap - l0 - l1 - l2)
-        written = (cap - l0) // bs
         if evict > 0.0 and pod.kv_capacity_blocks > 0 and pod.kv_held_blocks is not None:
+            written = (cap - l0) // bs
             if held_anywhere is None:
                 held_anywhere = _held_anywhere(match)
             copies = max(0, min(held_anywhere, cap // bs) - l0 // bs)
