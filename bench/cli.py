@@ -75,11 +75,12 @@ def _add_seeds(sub: argparse._SubParsersAction) -> None:
 
 def _section_name(text: str) -> str:
     """A doc section's name, checked before the run rather than at its write."""
-    from bench.report import SECTION_NAME
+    from bench.report import check_section_name
 
-    if not SECTION_NAME.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"{text!r}: letters, digits, _ and - only")
-    return text
+    try:
+        return check_section_name(text)
+    except ValueError as exc:  # argparse prints an ArgumentTypeError's own words
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _seeds(args: argparse.Namespace) -> int:

@@ -307,9 +307,9 @@ directory and this file, keeping the other sections).
 """
 # Other benchmarks' sections of the doc, each between its markers; rewriting the fleet
 # report keeps them, and each benchmark rewrites only its own.
-SECTION_NAME = re.compile(r"[\w-]+")  # what a section's markers can name
+_SECTION_NAME = re.compile(r"[\w-]+")  # what a section's markers can name
 _SECTION = re.compile(
-    rf"<!-- kvgate-section:({SECTION_NAME.pattern}) -->.*?<!-- /kvgate-section:\1 -->\n?", re.S
+    rf"<!-- kvgate-section:({_SECTION_NAME.pattern}) -->.*?<!-- /kvgate-section:\1 -->\n?", re.S
 )
 
 
@@ -328,12 +328,18 @@ def images_relative(markdown: str, report_md: Path, doc: Path) -> str:
     return re.sub(r"\]\(([^)/]+\.png)\)", lambda m: f"]({rel}/{m.group(1)})", markdown)
 
 
+def check_section_name(name: str) -> str:
+    """``name`` if a section's markers can name it, else ValueError."""
+    if not _SECTION_NAME.fullmatch(name):
+        raise ValueError(f"doc section {name!r}: letters, digits, _ and - only")
+    return name
+
+
 def write_doc_section(doc: Path, name: str, markdown: str) -> Path:
     """Put ``markdown`` into ``doc`` as its section ``name``: replaced where it is, else
     appended; the rest of ``doc`` stays as it was. A name its markers cannot match would
     be appended again on every write: refused."""
-    if not SECTION_NAME.fullmatch(name):
-        raise ValueError(f"doc section {name!r}: letters, digits, _ and - only")
+    check_section_name(name)
     block = f"<!-- kvgate-section:{name} -->\n{markdown.strip()}\n<!-- /kvgate-section:{name} -->\n"
     text = doc.read_text() if doc.exists() else DOC_HEADER
     found = [m for m in _SECTION.finditer(text) if m.group(1) == name]
