@@ -31,10 +31,10 @@ Only a cache under pressure evicts: where the pod's L0 size is scraped
 (``PodView.kv_capacity_blocks``, ``kv_held_blocks``), only the blocks that do not fit
 evict (``evicted_blocks``). What fits depends on what is written:
 
-* a copy (blocks another pod or L2 holds) fits while the pod stays under
-  ``roomy_share`` (a quarter) of its L0, so a fleet with room replicates a hot prefix
-  as soon as the holder's queue costs more than the copy's prefill. Why not all the
-  free room: a cache under pressure is empty only for its first seconds, and what a
+* a copy (blocks another pod, L2 or the pod's own L1 holds) fits while the pod stays
+  under ``roomy_share`` (a quarter) of its L0, so a fleet with room replicates a hot
+  prefix as soon as the holder's queue costs more than the copy's prefill. Why not all
+  the free room: a cache under pressure is empty only for its first seconds, and what a
   copy fills then is evicted later all the same; counting that room as free made the
   first placements of ``kvgate bench des --preset quick`` spread prefixes, which the
   fleet paid for through the run (rag L0 TTFT p90 median 90 -> 197 ms over 12 seeds;
@@ -267,13 +267,14 @@ def _held_anywhere(match: PrefixMatch | None) -> int:
 
 def evicted_blocks(copies: int, new: int, roomy_room: int, free_room: int) -> int:
     """How many of a write's L0 blocks evict a cached block (vLLM fills free blocks
-    before it evicts). ``copies`` are blocks another pod or the L2 tier holds, written
-    first (a prompt's held part is its head); they evict beyond ``roomy_room``, the room
-    left under ``roomy_share`` of the cache, since room above that is a cache under
-    pressure that is empty only for its first seconds (module docstring). ``new`` blocks
-    are held nowhere: they must be written on some pod, so the pod with room for them
-    is the one where they evict nothing; they evict beyond the ``free_room`` the copies
-    left (the pod's free blocks less those its prefills in flight will write)."""
+    before it evicts). ``copies`` are blocks held elsewhere (another pod, the L2 tier or
+    the pod's own L1), written first (a prompt's held part is its head); they evict
+    beyond ``roomy_room``, the room left under ``roomy_share`` of the cache, since room
+    above that is a cache under pressure that is empty only for its first seconds
+    (module docstring). ``new`` blocks are held nowhere: they must be written on some
+    pod, so the pod with room for them is the one where they evict nothing; they evict
+    beyond the ``free_room`` the copies left (the pod's free blocks less those its
+    prefills in flight will write)."""
     return max(0, copies - max(0, roomy_room)) + max(0, new - max(0, free_room - copies))
 
 
