@@ -220,12 +220,12 @@ class KvAware(Strategy):
             if held_anywhere is None:
                 held_anywhere = _held_anywhere(match)
             copies = max(0, min(held_anywhere, cap // bs) - l0 // bs)
-            size, held = pod.kv_capacity_blocks, pod.kv_held_blocks
+            size, occupied = pod.kv_capacity_blocks, pod.kv_held_blocks
             evicted = evicted_blocks(
                 copies,
                 written - copies,
-                roomy_room=int(size * self.roomy_share) - held,
-                free_room=size - held - pod.in_flight_prefill_tokens // bs,
+                roomy_room=int(size * self.roomy_share) - occupied,
+                free_room=size - occupied - pod.in_flight_prefill_tokens // bs,
             )
             evict *= evicted / written if written > 0 else 0.0
         return PodEstimate(pod, l0, l1, l2, ttft, evict)
