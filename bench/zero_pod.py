@@ -4,8 +4,10 @@ Answers chat and completion requests at once with a canned body (JSON, or an SSE
 stream of three chunks with usage when the request asks ``"stream": true``), plus
 ``/health``, ``/v1/models`` and vLLM-style ``/metrics`` so routers admit it. A raw
 asyncio protocol over httptools on uvloop: it must not be what limits requests/s,
-since every router in the comparison sends to it. It does no work a real engine
-does, so what remains in a measurement through a router is the router.
+since every router in the comparison sends to it, and on a small machine it shares
+the router's cores, so what it spends a request the router does not get (answers are
+built once per stream flag and length). It does no work a real engine does, so what
+remains in a measurement through a router is the router.
 """
 
 from __future__ import annotations
