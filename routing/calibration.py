@@ -35,6 +35,11 @@ and online its share is taken out of each point with the configured value. Fitte
 online as a third line, it came out at 30-240 us a cached token where the true value
 was 0, under the admission benchmark's overload: there the residuals are mostly
 queueing the prediction missed, not attention.
+
+Replicas of a scaled-out gateway each see a share of the requests, so each would fit
+from a window that fills N times slower. With a shared index they pool their points
+instead (``gateway.fleet_calibration``): ``take_new`` hands over the points added
+since it was last called, ``adopt`` replaces the window with the fleet's.
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ from statistics import median
 
 from kvindex.types import Tier
 from routing.cost_model import CostModel
+
+# One observation: (uncached tokens, running requests, seconds left for the prefill)
+Point = tuple[int, int, float]
 
 
 class Calibrator:
@@ -62,7 +70,11 @@ class Calibrator:
         if window < 2 or min_samples < 2 or refit_every < 1 or max_change < 1:
             raise ValueError("calibrator: window/min_samples >= 2, refit_every >= 1")
         self.base = base or CostModel()
-        self._points: deque[tuple[int, int, float]] = deque(maxlen=window)
+        self.window = window
+        self._points: deque[Point] = deque(maxlen=window)
+        # Points added since ``take_new`` last ran: shared with other replicas, then kept
+        # on top of the window their ``adopt`` brings back until they are in it.
+        self._new: deque[Point] = deque(maxlen=window)
         self._min_samples = min_samples
         self._refit_every = refit_every
         self._max_change = max_change
@@ -114,7 +126,9 @@ class Calibrator:
         uncached = max(1, prompt_tokens - cached)  # a full hit still computes one token
         prefill = ttft_s - queue_s - model.load_s(Tier.L1, l1) - model.load_s(Tier.L2, l2)
         prefill -= (prompt_tokens - uncached) * model.prefill_s_per_cached_token
-        self._points.append((uncached, max(0, running), prefill))
+        point = (uncached, max(0, running), prefill)
+        self._points.append(point)
+        self._new.append(point)
         self.accepted += 1
         self._since_fit += 1
         if len(self._points) < self._min_samples:
@@ -122,6 +136,24 @@ class Calibrator:
         elif self._since_fit >= self._refit_every:
             self.refit()
         return True
+
+    def take_new(self) -> list[Point]:
+        """The points added since the last call, oldest first (at most ``window``)."""
+        new = list(self._new)
+        self._new.clear()
+        return new
+
+    def adopt(self, points: list[Point]) -> CostModel:
+        """Fit from ``points`` (the fleet's window, oldest first, this calibrator's own
+        among them) and any point added since they were read, and return the model."""
+        self._points = deque([*points, *self._new], maxlen=self.window)
+        if not self._points:
+            self._model = self.base  # nothing observed anywhere yet
+        elif len(self._points) < self._min_samples:
+            self._model = self._fit_overhead()
+        else:
+            self.refit()
+        return self._model
 
     def _fit_overhead(self) -> CostModel:
         """The base model with only its fixed overhead fitted: the median of what the
@@ -164,7 +196,7 @@ class Calibrator:
         return self._model
 
     def _overhead(
-        self, points: list[tuple[int, int, float]], s_per_token: float, s_per_running: float
+        self, points: list[Point], s_per_token: float, s_per_running: float
     ) -> float:
         """The median of what these slopes leave of each point, within [0, ``max_change``
         x the base's] (and at least 1 s may be learnt)."""

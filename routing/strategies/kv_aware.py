@@ -149,6 +149,14 @@ class KvAware(Strategy):
             return self._static.get(model, self.default_cost)
         return self.calibrator(model).current()
 
+    def calibrators(self) -> list[tuple[str, Calibrator]]:
+        """Each model's calibrator (none while calibration is off), to pool replicas'
+        points (``gateway.fleet_calibration``)."""
+        if not self.calibrate:
+            return []
+        cal = self._calibrators
+        return [(model, c) for model in list(cal) if (c := cal.get(model)) is not None]
+
     def calibrator(self, model: str) -> Calibrator:
         cal = self._calibrators.get(model)
         if cal is None:

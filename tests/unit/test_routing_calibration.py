@@ -195,3 +195,50 @@ def test_the_per_running_cost_is_never_negative_and_clamped_to_max_change():
         running = i % 8
         cal.update(1.0 - 0.05 * running, 500, 0, running=running)  # faster when busier
     assert cal.current().decode_s_per_running == 0.0
+
+
+def test_calibrators_that_pool_their_points_fit_as_one_that_saw_them_all():
+    """Four replicas each observe a quarter of the requests; handing their new points
+    to a pool and adopting the pool's window, each fits what one calibrator fed every
+    request fits, and a point added after the handover is kept on top."""
+    one = Calibrator(CostModel(), window=128)
+    replicas = [Calibrator(CostModel(), window=128) for _ in range(4)]
+    rng = random.Random(3)
+    pool: list[tuple[int, int, float]] = []
+    for i in range(120):
+        # Same observation to the single calibrator and to the replica that served it.
+        state = rng.getstate()
+        _observe(one, rng, 1)
+        rng.setstate(state)
+        _observe(replicas[i % 4], rng, 1)
+        if i % 10 == 9:  # a sync round: each replica pushes, then adopts the window
+            for cal in replicas:
+                pool.extend(cal.take_new())
+            pool = pool[-128:]
+            for cal in replicas:
+                cal.adopt(list(pool))
+    for cal in replicas:
+        assert sorted(cal._points) == sorted(one._points)
+        assert cal.current() == one.refit()
+    alone = Calibrator(CostModel(), window=128)
+    _observe(alone, random.Random(3), 30)  # a quarter each: a noisier fit
+    assert alone.current() != one.current()
+    late = replicas[0]
+    late.adopt(list(pool))
+    assert late.take_new() == []
+    _observe(late, rng, 1)
+    late.adopt(list(pool))  # a round that read the pool before the new point was pushed
+    assert len(late._points) == 121 and late._points[-1] == late.take_new()[0]
+
+
+def test_adopting_fewer_than_min_samples_points_fits_the_overhead_only():
+    cal = Calibrator(CostModel(), min_samples=8)
+    cal.adopt([(1000, 0, 0.5)] * 3)
+    assert cal.current().prefill_tokens_per_s == CostModel().prefill_tokens_per_s
+    assert cal.current().prefill_overhead_s > CostModel().prefill_overhead_s
+
+
+def test_adopting_an_empty_window_keeps_the_base_model():
+    """A replica routed the model but no replica has observed a request yet."""
+    cal = Calibrator(CostModel())
+    assert cal.adopt([]) == CostModel()
