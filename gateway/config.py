@@ -361,8 +361,15 @@ class ScaleOutSettings(Section):
 
     # index.backend redis: every replica's in-flight counts per pod reach the others
     share_load: bool = True
-    load_interval_s: float = 0.02  # how often a replica publishes its counts and reads others'
+    # The oldest copy of the other replicas' counts a request routes on: an older one is
+    # read again beside its index lookup. A --workers host's worker 0 exchanges this
+    # often; a single process between requests only every load_lease_s / 4.
+    load_interval_s: float = 0.02
     load_lease_s: float = 1.0  # a replica not heard from for this long counts for nothing
+    # index.backend redis: kv-aware's calibration points pooled over every replica and
+    # worker, so each fits from the fleet's requests (gateway.fleet_calibration)
+    share_calibration: bool = True
+    calibration_interval_s: float = Field(default=1.0, gt=0)
     max_replicas: int = Field(default=256, ge=1)  # other replicas' counts read at most
     worker_load_pods: int = Field(default=1024, ge=1)  # pods in the host's shared load table
     worker_bus_bytes: int = 4 * 1024 * 1024  # per worker: speculation and HTTP-event ring

@@ -6,20 +6,27 @@ pod holding a prefix N times over before it spills. With a Redis index every rep
 (one process, or the worker 0 of a ``--workers`` host, speaking for all its workers)
 keeps one field of the namespace's hash ``{kvgate:<ns>}:load``: its in-flight,
 prefilling-token and prefilling counts per pod (busy pods only; an idle replica has no
-field), behind a deadline ``load_lease_s`` ahead on the Redis server's clock. Every
-``load_interval_s`` (and at once when its own counts move: ``PokingTracker``) one
-script call writes the field and returns every other replica's field whose deadline
-has not passed (and deletes those long dead), so:
+field), behind a deadline ``load_lease_s`` ahead on the Redis server's clock. One
+script call (an exchange) writes the field and returns every other replica's field
+whose deadline has not passed (and deletes those long dead). A replica exchanges:
 
-* the cost is a round trip per replica per interval plus one per change of its counts
-  (one exchange at a time: changes during one make one more), none on a request's
-  path (``others`` reads a local copy);
-* a dispatch reaches the other replicas' routing within one of their intervals plus
-  a round trip or two (``kvgate bench shared-load`` measures it). A ``--workers``
-  host's worker 0 exchanges every interval only (the other workers' dispatches do
-  not poke it);
-* a replica that dies stops counting within ``load_lease_s``; a Redis outage leaves
-  each replica on its own counts once the last answer is older than the lease.
+* at once when its own counts move (``PokingTracker``: a dispatch, a first token, an
+  end), so the others read them within a round trip;
+* when it routes a request and its copy of the others' counts is older than
+  ``load_interval_s`` (``fresh``): the request awaits that exchange beside its index
+  lookup, which is a Redis round trip too, so it routes on counts at most
+  ``load_interval_s`` old, and usually a round trip old, without waiting for them;
+* otherwise every ``load_lease_s / 4``, to keep its field's lease.
+
+So the cost is a round trip per change of a replica's counts (one exchange at a
+time: changes during one make one more), one per request that finds the counts
+stale, and four a lease when nothing happens. A ``--workers`` host's worker 0 speaks
+for workers whose dispatches do not poke it and whose requests cannot await its
+exchange, so it exchanges every ``load_interval_s`` instead (``kvgate bench
+shared-load`` measures both). A replica that dies stops counting within
+``load_lease_s``; a Redis outage leaves each replica on its own counts once the last
+answer is older than the lease, and no request waits for an exchange while they
+fail.
 
 Routing adds these counts to its own (``routing.load.CombinedLoad``; with workers,
 the host's shared table holds them), and the cost model subtracts the fleet's
@@ -201,7 +208,9 @@ class FleetLoadMetrics:
 
 
 class FleetLoadExchange:
-    """Publishes this replica's counts and reads the others', every ``interval_s``."""
+    """Publishes this replica's counts and reads the others': when its counts move,
+    when a request finds the others' counts older than ``interval_s`` (``fresh``), and
+    every ``idle_interval_s`` (default ``interval_s``) otherwise."""
 
     def __init__(
         self,
@@ -211,6 +220,7 @@ class FleetLoadExchange:
         sink: Callable[[dict[int, PodLoad]], None],
         *,
         interval_s: float = 0.05,
+        idle_interval_s: float | None = None,
         lease_s: float = 1.0,
         max_replicas: int = 256,
         metrics: FleetLoadMetrics | None = None,
@@ -222,15 +232,20 @@ class FleetLoadExchange:
         self._own = own
         self._sink = sink
         self.interval_s = interval_s
+        self.idle_interval_s = interval_s if idle_interval_s is None else idle_interval_s
         self.lease_ms = max(1, int(lease_s * 1000))
         self.max_replicas = max_replicas
         self._task: asyncio.Task[None] | None = None
         self._poked = asyncio.Event()
+        # Requests waiting for the exchange in flight (or the next) to end: ``fresh``.
+        self._waiters: list[asyncio.Future[None]] = []
         self.exchanges = 0
         self.errors = 0
         self.replicas = 0  # other live replicas at the last exchange
         self.last_rtt_s = 0.0
         self._last_ok = 0.0
+        self._read_at = float("-inf")  # when the last exchange that answered was sent
+        self._failing = False  # the last exchange failed
         self._last_unexpected_log_at = float("-inf")
 
     async def exchange(self) -> dict[int, PodLoad]:
@@ -263,9 +278,11 @@ class FleetLoadExchange:
             # Cleared before the exchange, not after: counts that move while it is on
             # its way were read too late for it and must make one more at once.
             self._poked.clear()
+            sent = time.monotonic()
             try:
                 self._sink(await self.exchange())
                 self._last_ok = time.monotonic()
+                self._read_at, self._failing = sent, False
             except (TimeoutError, RedisError, OSError) as exc:
                 self._round_failed()
                 log.debug("fleet load exchange failed: %r", exc)
@@ -276,11 +293,13 @@ class FleetLoadExchange:
                 # still ends the task.
                 self._round_failed()
                 self._log_unexpected(exc)
+            self._release_waiters()
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.interval_s):
+                async with asyncio.timeout(self.idle_interval_s):
                     await self._poked.wait()
 
     def _round_failed(self) -> None:
+        self._failing = True
         self.errors += 1
         if self.metrics is not None:
             self.metrics.errors.inc()
@@ -300,6 +319,27 @@ class FleetLoadExchange:
         (one exchange at a time; pokes meanwhile make one more)."""
         self._poked.set()
 
+    def fresh(self) -> asyncio.Future[None] | None:
+        """For a request about to be routed: None if the others' counts were read
+        within ``interval_s`` (or exchanges are failing: a Redis outage must not hold
+        requests, which then route on what is left), else a future that the end of the
+        exchange in flight, or of one started now, resolves. Await it beside the index
+        lookup; cancelling it (a client gone) leaves the exchange alone."""
+        if self._task is None or self._failing:
+            return None
+        if time.monotonic() - self._read_at <= self.interval_s:
+            return None
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        self._poked.set()
+        return waiter
+
+    def _release_waiters(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():  # a cancelled one's request has gone
+                waiter.set_result(None)
+
     async def start(self) -> None:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="kvgate-fleet-load")
@@ -311,5 +351,6 @@ class FleetLoadExchange:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        self._release_waiters()
         with contextlib.suppress(RedisError, OSError, asyncio.TimeoutError):
             await self.redis.on_namespace(lambda r: r.hdel(self.key, self.replica_id))

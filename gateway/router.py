@@ -10,7 +10,7 @@ with their scraped engine gauges, and the Prometheus metrics of each decision.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from gateway.apis import CACHE_ROUTED
 from gateway.kv import KvIndex
@@ -45,6 +45,10 @@ class Router:
         # (to apply what they told since) and with every decision (to tell them).
         self.before_route: Callable[[], object] | None = None
         self.on_routed: Callable[[Routed], None] | None = None
+        # With load shared through Redis (``gateway.scale_out``): called before a
+        # request is routed; what it returns is awaited after the index lookup, so the
+        # other replicas' counts are read beside it, not after it.
+        self.fresh_load: Callable[[], Awaitable[None] | None] | None = None
 
     def set_session_source(self, header: str, body_field: str) -> None:
         """Where the session strategy finds a request's session: this header, else this
@@ -70,10 +74,13 @@ class Router:
         """Build what the model's strategy needs, and only that (tokens cost time)."""
         if self.before_route is not None:
             self.before_route()
+        load_read = self.fresh_load() if self.fresh_load is not None else None
         answer = None
         cache_routed = parsed.kind in CACHE_ROUTED
         if cache_routed and self._kv is not None and self.core.needs_index(model):
             answer = await self._kv.lookup(parsed, model, pods)
+        if load_read is not None:
+            await load_read
         body = parsed.body
 
         def prefix_hashes() -> list[int]:

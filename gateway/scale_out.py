@@ -6,7 +6,11 @@
   events to a Redis index and exchanges the host's load with the other replicas.
 * a Redis index with ``scale_out.share_load``: the replica's in-flight counts are
   exchanged with every other replica's (``gateway.fleet_load``) and routing adds the
-  others' to its own.
+  others' to its own; a request that finds them stale has them read again beside its
+  index lookup (``fresh_load``, for the router).
+* a Redis index with ``scale_out.share_calibration``: kv-aware's calibration points
+  are pooled with every other process's, so each fits from the fleet's requests, not
+  its share of them (``gateway.fleet_calibration``).
 * warm start (``gateway.warm_start``): ``/ready`` waits until the start-up pods'
   event history has been replayed (memory index).
 
@@ -17,6 +21,7 @@ gets none of it but the warm start: its load view stays the routing core's own
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -35,7 +40,9 @@ from routing.core import RoutingCore
 from routing.load import CombinedLoad, PodLoad
 
 if TYPE_CHECKING:  # imported when Redis is in use: redis-py pulls in OpenTelemetry's SDK
+    from gateway.fleet_calibration import CalibrationExchange
     from gateway.fleet_load import FleetLoadExchange
+    from routing.calibration import Calibrator
 
 
 @dataclass
@@ -46,6 +53,7 @@ class ScaleOut:
     worker: WorkerContext | None = None
     siblings: Siblings | None = None
     exchange: FleetLoadExchange | None = None
+    calibration: CalibrationExchange | None = None
 
     def describe(self) -> dict[str, object]:
         out: dict[str, object] = {"index": self.warm.state}
@@ -55,6 +63,14 @@ class ScaleOut:
             out["replicas_sharing_load"] = self.exchange.replicas + 1
         return out
 
+    def fresh_load(self) -> asyncio.Future[None] | None:
+        """For the router, before a request's index lookup: what to await after it so
+        the other replicas' counts are fresh (None: they are, or nobody shares them, or
+        a ``--workers`` host, whose worker 0 exchanges on its own clock)."""
+        if self.exchange is None or self.worker is not None:
+            return None
+        return self.exchange.fresh()
+
     def bounds(self) -> dict[str, Bound]:
         return self.siblings.bounds() if self.siblings is not None else {}
 
@@ -63,11 +79,19 @@ class ScaleOut:
             await self.siblings.start()
         if self.exchange is not None:
             await self.exchange.start()
+        if self.calibration is not None:
+            await self.calibration.start()
 
     async def stop(self) -> None:
+        if self.calibration is not None:
+            await self.calibration.stop()
         if self.exchange is not None:
             await self.exchange.stop()
             await self.exchange.redis.close()
+        if self.calibration is not None and (
+            self.exchange is None or self.calibration.redis is not self.exchange.redis
+        ):
+            await self.calibration.redis.close()
         if self.siblings is not None:
             await self.siblings.stop()
 
@@ -118,9 +142,35 @@ def scale_out(
         assert idx.redis_url is not None
         redis = RedisStore(idx.redis_url, namespace=idx.namespace, cluster=idx.redis_cluster)
         replica = worker.host_id if worker is not None else secrets.token_hex(6)
+        # A single process's requests read the others' counts when they need them
+        # (``fresh_load``), so between requests it only keeps its lease. A host's
+        # worker 0 cannot tell when its siblings route: it keeps the interval.
+        idle_s = so.load_interval_s if worker is not None else so.load_lease_s / 4
         out.exchange = FleetLoadExchange(
             redis, replica, own, sink,
-            interval_s=so.load_interval_s, lease_s=so.load_lease_s,
+            interval_s=so.load_interval_s, idle_interval_s=idle_s, lease_s=so.load_lease_s,
             max_replicas=so.max_replicas, metrics=FleetLoadMetrics(prometheus),
         )  # fmt: skip
+    if shared_index and so.share_calibration:
+        from gateway.fleet_calibration import CalibrationExchange
+        from kvindex.redis_store import RedisStore
+
+        idx = settings.index
+        assert idx.redis_url is not None
+        redis = (
+            out.exchange.redis
+            if out.exchange is not None
+            else RedisStore(idx.redis_url, namespace=idx.namespace, cluster=idx.redis_cluster)
+        )
+        out.calibration = CalibrationExchange(
+            redis, lambda: kv_aware_calibrators(core), interval_s=so.calibration_interval_s
+        )
     return out
+
+
+def kv_aware_calibrators(core: RoutingCore) -> list[tuple[str, Calibrator]]:
+    """Every model's calibrator of the core's kv-aware strategies (the strategies as
+    they are now: a reload may have replaced them)."""
+    from routing.strategies.kv_aware import KvAware
+
+    return [pair for s in core.strategies() if isinstance(s, KvAware) for pair in s.calibrators()]

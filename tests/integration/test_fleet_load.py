@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 from bench.polling import wait_for_async
+from bench.ports import free_port
 from gateway.fleet_load import (
     MAX_COUNT,
     FleetLoadExchange,
@@ -20,6 +21,7 @@ from gateway.fleet_load import (
     encode_counts,
 )
 from gateway.host_load import HostLoadTable, pod_key
+from kvindex.redis_store import RedisStore
 from routing.cost_model import CostModel
 from routing.load import CombinedLoad, LoadTracker, PodLoad
 from routing.types import PodView
@@ -250,3 +252,58 @@ async def test_a_poke_during_an_exchange_makes_one_more_at_once(redis_target: Re
     finally:
         await ex.stop()
         await ex.redis.close()
+
+
+async def test_a_request_has_the_others_counts_read_when_its_copy_is_stale(
+    redis_target: RedisTarget,
+):
+    """Between requests a replica exchanges only to keep its lease (every 30 s here);
+    a request that finds its copy of the others' counts older than the interval gets
+    a future that one exchange resolves, after which the copy holds what another
+    replica published a moment before. A cancelled waiter (its client gone) costs the
+    others nothing, and the next request routes on the copy as it is."""
+    ns = f"t-{uuid.uuid4().hex[:8]}"
+    a_own: dict[int, PodLoad] = {}
+    seen = RemoteLoad(max_age_s=60)
+    a = FleetLoadExchange(redis_target.store(ns), "a", lambda: a_own, lambda _: None,
+                          interval_s=30)  # fmt: skip
+    b = FleetLoadExchange(redis_target.store(ns), "b", dict, seen.update, interval_s=0.02,
+                          idle_interval_s=30)  # fmt: skip
+    await a.start()
+    await b.start()
+    try:
+        await wait_for_async(lambda: a.exchanges and b.exchanges, 2.0, "first exchanges",
+                             poll=0.01)  # fmt: skip
+        a_own[A] = PodLoad(2, 64, 1)
+        a.poke()
+        await wait_for_async(lambda: a.exchanges >= 2, 2.0, "a publishes", poll=0.01)
+        await asyncio.sleep(0.03)  # b's copy is now older than its interval
+        assert seen.others("pod-a") is None  # b has not read since: its next round is 30 s away
+        rounds = b.exchanges
+        gone, waiting = b.fresh(), b.fresh()
+        assert gone is not None and waiting is not None
+        gone.cancel()
+        await asyncio.wait_for(waiting, 2.0)
+        assert seen.others("pod-a") == PodLoad(2, 64, 1)
+        assert b.exchanges == rounds + 1  # both requests were served by one exchange
+        assert b.fresh() is None  # read just now
+    finally:
+        for ex in (a, b):
+            await ex.stop()
+            await ex.redis.close()
+
+
+async def test_no_request_waits_for_an_exchange_while_redis_does_not_answer():
+    """Exchanges failing (nothing listens on the port): requests route on what they
+    have, at once, instead of each waiting out a timeout."""
+    store = RedisStore(f"redis://127.0.0.1:{free_port()}", namespace="t")
+    ex = FleetLoadExchange(store, "us", dict, lambda _: None, interval_s=0.02,
+                           idle_interval_s=30)  # fmt: skip
+    assert ex.fresh() is None  # not started: nothing to wait for
+    await ex.start()
+    try:
+        await wait_for_async(lambda: ex.errors >= 1, 2.0, "a failed exchange", poll=0.01)
+        assert ex.fresh() is None
+    finally:
+        await ex.stop()
+        await store.close()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from redis import Redis
 
 from bench.gateway_proc import run_gateway
 from bench.polling import scraped, wait_for
@@ -21,6 +22,7 @@ from bench.prompts import text_of_tokens
 from bench.redis_server import RedisServer
 from bench.sim.launch import sim_fleet
 from bench.tinymodel import MODEL_NAME, ensure_tokenizer
+from gateway.fleet_calibration import decode_point
 from tests.integration import test_gateway_kv
 from tests.sim_gateway import model_env, pod_spec
 
@@ -177,7 +179,7 @@ def test_a_pod_a_reload_removes_leaves_no_series_in_two_workers_metrics(
     with run_gateway([], strategy=None, extra_args=["--config", str(config)], env=_env(),
                      workers=2) as gw:  # fmt: skip
         for i in range(8):  # round-robin in each worker: both pods served
-            _chat(gw, system_prompt, f"question {i}")
+            _chat(gw, system_prompt, f"question {i}", stream=True)  # a TTFT to calibrate on
         assert gone in httpx.get(f"{gw}/metrics").text
         write(fleet[:1])
         assert httpx.post(f"{gw.admin}/admin/reload").status_code == 200
@@ -299,6 +301,57 @@ def test_a_replica_sees_the_pods_another_replica_keeps_busy(private_redis: Redis
                 held.read()
 
     assert r.headers["x-kvgate-pod"] == (pods[1].name if share else pods[0].name)
+
+
+@pytest.mark.redis
+def test_a_request_reads_the_other_replicas_counts_when_it_routes(private_redis: RedisServer):
+    """As above, but replica B's clock-driven exchanges are 30 s apart (a 120 s
+    lease): what tells B, 50 ms after A dispatched, that A keeps sim-0 busy is the
+    exchange B's own request makes beside its index lookup."""
+    env = _env(KVGATE_INDEX__BACKEND="redis", KVGATE_INDEX__REDIS_URL=private_redis.url,
+               KVGATE_SCALE_OUT__LOAD_LEASE_S="120",
+               KVGATE_HEALTH__INTERVAL_S="600")  # fmt: skip
+    with sim_fleet(2, block_size=BLOCK, itl_s=0.05, default_max_tokens=60) as pods:
+        specs = [(p.name, p.url) for p in pods]
+        with (
+            run_gateway(specs, strategy="least-loaded", env=env) as a,
+            run_gateway(specs, strategy="least-loaded", env=env) as b,
+            httpx.Client(timeout=30) as client,
+        ):
+            body = {"model": MODEL, "prompt": "hello", "stream": True}
+            with client.stream("POST", f"{a}/v1/completions", json=body) as held:
+                assert held.headers["x-kvgate-pod"] == pods[0].name  # ties go to sim-0
+                time.sleep(0.05)
+                r = client.post(f"{b}/v1/completions", json={**body, "stream": False,
+                                                               "max_tokens": 1})  # fmt: skip
+                held.read()
+
+    assert r.headers["x-kvgate-pod"] == pods[1].name
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("share", [True, False], ids=["pooled", "own"])
+def test_a_replicas_calibration_points_reach_redis_for_the_others(
+    private_redis: RedisServer, fleet, system_prompt, share
+):
+    """kv-aware on a Redis index: each observed TTFT becomes a point in the model's
+    shared list (``gateway.fleet_calibration``), which the other replicas fit from;
+    with ``share_calibration`` off, none leaves the replica."""
+    env = _env(KVGATE_INDEX__BACKEND="redis", KVGATE_INDEX__REDIS_URL=private_redis.url,
+               KVGATE_SCALE_OUT__SHARE_CALIBRATION=str(share).lower(),
+               KVGATE_SCALE_OUT__CALIBRATION_INTERVAL_S="0.1")  # fmt: skip
+    key = f"{{kvgate:kvgate}}:cal:{MODEL}"
+    redis = Redis.from_url(private_redis.url)
+    with run_gateway([(p.name, _spec(p)) for p in fleet], strategy="kv-aware", env=env) as gw:
+        for i in range(5):
+            _chat(gw, system_prompt, f"question {i}", stream=True)  # a TTFT to calibrate on
+        if share:
+            wait_for(lambda: redis.llen(key) == 5, 5.0, "five points pooled")
+        else:
+            time.sleep(0.5)  # five rounds of a pooling that is off
+    points = redis.lrange(key, 0, -1)
+    assert len(points) == (5 if share else 0)
+    assert all(decode_point(p) is not None for p in points)
 
 
 # -- warm start ---------------------------------------------------------------------------
