@@ -12,9 +12,18 @@ Three measurements, printed as tables:
    others') with ``--replicas`` replicas each keeping ``--pods`` pods busy, and Redis's
    own time per call (``INFO commandstats``): what each replica costs Redis every
    ``interval``.
-3. **Staleness**: two replicas exchanging every ``--interval-s`` at unrelated phases;
-   a request dispatched on one (which pokes its exchange at once, as the gateway's
-   does), the time until the other's routing counts it.
+3. **Staleness on the clock** (a ``--workers`` host's worker 0, which exchanges every
+   ``--interval-s``): two replicas at unrelated phases; a request dispatched on one
+   (which pokes its exchange at once, as the gateway's does), the time until the
+   other's copy counts it.
+4. **Staleness at routing decisions** (a single-process replica, which exchanges
+   between requests only every lease / 4 and has a request read the others' counts
+   when its copy is older than ``--interval-s``): replica A dispatches at random
+   (Poisson, a request every 10 ms); replica B routes at random, busy (a request
+   every 5 ms) or quiet (every 100 ms), each request awaiting ``fresh`` as the
+   gateway's do and poking B's exchange once counted. Per decision: how long before
+   it the oldest of A's dispatches it does not count was made (0 if it counts them
+   all), and what share of decisions miss one.
 
 A real ``redis-server`` is started on a free loopback port.
 """
@@ -22,6 +31,7 @@ A real ``redis-server`` is started on a free loopback port.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 import uuid
@@ -50,6 +60,9 @@ class SharedLoadResult:
     pods: int
     interval_s: float
     staleness_ms: list[float]
+    # (B reads when stale, B's mean gap between requests in ms) -> per decision, ms
+    # since the oldest of A's dispatches it missed (0: none)
+    decision_lag_ms: dict[tuple[bool, float], list[float]]
 
 
 def _per_request_us(view: LoadView, pods: list[str], rounds: int) -> float:
@@ -149,6 +162,69 @@ async def measure_staleness(url: str, interval_s: float, samples: int) -> list[f
     return out
 
 
+async def measure_decision_lag(
+    url: str,
+    interval_s: float,
+    gap_s: float,
+    samples: int,
+    on_demand: bool = True,
+    a_gap_s: float = 0.01,
+) -> list[float]:
+    """Per routing decision of replica B (a request every ``gap_s`` on average, reading
+    the others' counts when its copy is older than ``interval_s``, as one gateway
+    process does; ``on_demand=False``: exchanging every ``interval_s`` instead, as a
+    ``--workers`` host does): ms since the oldest of replica A's dispatches (a request
+    every ``a_gap_s``) that the decision did not count; 0 when it counted them all."""
+    ns = f"bench-{uuid.uuid4().hex[:6]}"
+    lease = max(1.0, 4 * interval_s)
+    remote = RemoteLoad(max_age_s=60)
+    idle_s = lease / 4 if on_demand else interval_s
+    clocks = {"interval_s": interval_s, "idle_interval_s": idle_s, "lease_s": lease}
+    a = FleetLoadExchange(RedisStore(url, namespace=ns), "a", dict, lambda _: None, **clocks)
+    a_tracker = PokingTracker(a.poke)
+    a._own = lambda: {pod_key(p): v for p, v in a_tracker.snapshot().items()}
+    b = FleetLoadExchange(RedisStore(url, namespace=ns), "b", dict, remote.update, **clocks)
+    b_tracker = PokingTracker(b.poke)
+    b._own = lambda: {pod_key(p): v for p, v in b_tracker.snapshot().items()}
+    dispatched: list[float] = []  # when A dispatched its n-th request (never finished)
+
+    async def replica_a() -> None:
+        while True:
+            await asyncio.sleep(random.expovariate(1 / a_gap_s))
+            dispatched.append(time.perf_counter())
+            a_tracker.start("pod-0")
+
+    await a.start()
+    await b.start()
+    lags = []
+    writer = asyncio.create_task(replica_a())
+    try:
+        await asyncio.sleep(0.2)
+        for _ in range(samples):
+            await asyncio.sleep(random.expovariate(1 / gap_s))
+            waiter = b.fresh() if on_demand else None
+            if waiter is not None:
+                await waiter
+            now = time.perf_counter()
+            seen = remote.others("pod-0")
+            counted = seen.in_flight if seen is not None else 0
+            missed = [t for t in dispatched[counted:] if t < now]
+            lags.append((now - missed[0]) * 1000 if missed else 0.0)
+            b_tracker.start("pod-1")  # B's own dispatch pokes its exchange
+    finally:
+        writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await writer
+        for ex in (a, b):
+            await ex.stop()
+            await ex.redis.close()
+    return lags
+
+
+# B's mean gap between requests: busy and quiet
+DECISION_GAPS_S = (0.005, 0.1)
+
+
 def run_shared_load_bench(
     replicas: int = 8,
     pods: int = 16,
@@ -163,6 +239,13 @@ def run_shared_load_bench(
     with running_redis() as redis:
         times, redis_us = asyncio.run(measure_exchange(redis.url, replicas, pods, calls))
         staleness = asyncio.run(measure_staleness(redis.url, interval_s, samples))
+        lags = {
+            (on_demand, gap * 1000): asyncio.run(
+                measure_decision_lag(redis.url, interval_s, gap, 4 * samples, on_demand)
+            )
+            for on_demand in (True, False)
+            for gap in DECISION_GAPS_S
+        }
     result = SharedLoadResult(
         per_request_us=per_request,
         candidates=pods,
@@ -173,6 +256,7 @@ def run_shared_load_bench(
         pods=pods,
         interval_s=interval_s,
         staleness_ms=staleness,
+        decision_lag_ms=lags,
     )
     print_shared_load(result, console)
     return result
@@ -194,10 +278,24 @@ def print_shared_load(r: SharedLoadResult, console: Console) -> None:
               f"{r.redis_us_per_exchange:.0f}", f"{r.replicas / r.interval_s:.0f}")  # fmt: skip
     console.print(t)
     s = r.staleness_ms
-    t = Table(title=f"Staleness: a request dispatched on one replica until another counts "
-                    f"it ({len(s)} samples, interval {r.interval_s * 1000:.0f} ms)")  # fmt: skip
+    t = Table(title=f"Staleness on the clock (a --workers host): a request dispatched on one "
+                    f"replica until another counts it ({len(s)} samples, interval "
+                    f"{r.interval_s * 1000:.0f} ms)")  # fmt: skip
     for col in ("p50 ms", "p90 ms", "p99 ms", "max ms"):
         t.add_column(col, justify="right")
     t.add_row(*(f"{v:.0f}" for v in (percentile(s, 50), percentile(s, 90), percentile(s, 99),
                                        max(s))))  # fmt: skip
+    console.print(t)
+    t = Table(title="Staleness at routing decisions (one process per replica): the oldest of "
+                    "another replica's dispatches (one every 10 ms) a decision does not "
+                    f"count, ms before it (interval {r.interval_s * 1000:.0f} ms)")  # fmt: skip
+    for col in ("this replica", "reads others' counts", "decisions", "missing one", "p50 ms",
+                "p90 ms", "p99 ms", "max ms"):  # fmt: skip
+        t.add_column(col, justify="right")
+    for (on_demand, gap_ms), lags in r.decision_lag_ms.items():
+        missing = sum(1 for v in lags if v > 0) / len(lags)
+        spread = [f"{percentile(lags, q):.1f}" for q in (50, 90, 99)] + [f"{max(lags):.1f}"]
+        how = "when stale (one process)" if on_demand else "on the clock (--workers)"
+        t.add_row(f"a request every {gap_ms:.0f} ms", how, str(len(lags)), f"{missing:.0%}",
+                  *spread)  # fmt: skip
     console.print(t)

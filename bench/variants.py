@@ -62,6 +62,10 @@ VARIANTS = {
     # prefill) with online calibration, what a user gets who skips `kvgate bench
     # calibrate`.
     "default-cost-model": Variant("default-cost-model", kv_options={}),
+    # No online calibration: the configured (measured or simulated) cost model as it
+    # is, never fitted to observed TTFTs. Each replica of a scaled-out gateway
+    # calibrates on its own share of the requests; this shows what that is worth.
+    "no-calibration": Variant("no-calibration", kv_overrides={"calibrate": False}),
     # No eviction cost: rank pods by predicted TTFT alone, so a shared prefix spills to
     # a second pod as soon as that pod's cold prefill beats the holder's queue.
     "no-eviction-cost": Variant("no-eviction-cost", kv_overrides={"eviction_weight": 0.0}),
