@@ -246,6 +246,9 @@ class FleetLoadExchange:
         self._last_ok = 0.0
         self._read_at = float("-inf")  # when the last exchange that answered was sent
         self._failing = False  # the last exchange failed
+        # Set by stop() beside its cancel: the loop must end even where a cancel is
+        # lost (one stop in a few thousand hung at the poke wait, its task cancelling).
+        self._stopping = False
         self._last_unexpected_log_at = float("-inf")
 
     async def exchange(self) -> dict[int, PodLoad]:
@@ -274,7 +277,7 @@ class FleetLoadExchange:
             return await r.evalsha(_SHA, 1, *args)  # type: ignore[attr-defined]
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping:
             # Cleared before the exchange, not after: counts that move while it is on
             # its way were read too late for it and must make one more at once.
             self._poked.clear()
@@ -347,10 +350,13 @@ class FleetLoadExchange:
     async def stop(self) -> None:
         """Stop, and take this replica's field out (its requests end with it)."""
         if self._task is not None:
+            self._stopping = True
+            self._poked.set()
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+            self._stopping = False
         self._release_waiters()
         with contextlib.suppress(RedisError, OSError, asyncio.TimeoutError):
             await self.redis.on_namespace(lambda r: r.hdel(self.key, self.replica_id))
