@@ -195,9 +195,7 @@ class Calibrator:
         )
         return self._model
 
-    def _overhead(
-        self, points: list[Point], s_per_token: float, s_per_running: float
-    ) -> float:
+    def _overhead(self, points: list[Point], s_per_token: float, s_per_running: float) -> float:
         """The median of what these slopes leave of each point, within [0, ``max_change``
         x the base's] (and at least 1 s may be learnt)."""
         overhead = median(y - s_per_token * x - s_per_running * r for x, r, y in points)
