@@ -277,14 +277,14 @@ def test_a_restarting_worker_takes_no_connections_until_it_can_serve_them(fleet)
 # -- replicas sharing load through Redis --------------------------------------------------
 
 
-@pytest.mark.redis
-@pytest.mark.parametrize("share", [True, False], ids=["shared-load", "unshared"])
-def test_a_replica_sees_the_pods_another_replica_keeps_busy(private_redis: RedisServer, share):
+def _b_routes_while_a_holds_sim_0(
+    redis_url: str, wait_s: float, **settings: str
+) -> tuple[str, str]:
     """Least-loaded on two replicas whose scraped engine gauges are stale (no probe
-    after start): only the shared counts tell replica B that A keeps sim-0 busy."""
-    env = _env(KVGATE_INDEX__BACKEND="redis", KVGATE_INDEX__REDIS_URL=private_redis.url,
-               KVGATE_SCALE_OUT__SHARE_LOAD=str(share).lower(),
-               KVGATE_HEALTH__INTERVAL_S="600")  # fmt: skip
+    after start): replica A streams from sim-0 (ties go to it); ``wait_s`` later
+    replica B routes a request. The pod B chose, and sim-1's name after it."""
+    env = _env(KVGATE_INDEX__BACKEND="redis", KVGATE_INDEX__REDIS_URL=redis_url,
+               KVGATE_HEALTH__INTERVAL_S="600", **settings)  # fmt: skip
     with sim_fleet(2, block_size=BLOCK, itl_s=0.05, default_max_tokens=60) as pods:
         specs = [(p.name, p.url) for p in pods]
         with (
@@ -294,13 +294,22 @@ def test_a_replica_sees_the_pods_another_replica_keeps_busy(private_redis: Redis
         ):
             body = {"model": MODEL, "prompt": "hello", "stream": True}
             with client.stream("POST", f"{a}/v1/completions", json=body) as held:
-                assert held.headers["x-kvgate-pod"] == pods[0].name  # ties go to sim-0
-                time.sleep(0.3)  # a few exchange intervals
+                assert held.headers["x-kvgate-pod"] == pods[0].name
+                time.sleep(wait_s)
                 r = client.post(f"{b}/v1/completions", json={**body, "stream": False,
                                                                "max_tokens": 1})  # fmt: skip
                 held.read()
+    return r.headers["x-kvgate-pod"], pods[1].name
 
-    assert r.headers["x-kvgate-pod"] == (pods[1].name if share else pods[0].name)
+
+@pytest.mark.redis
+@pytest.mark.parametrize("share", [True, False], ids=["shared-load", "unshared"])
+def test_a_replica_sees_the_pods_another_replica_keeps_busy(private_redis: RedisServer, share):
+    """Only the shared counts tell replica B that A keeps sim-0 busy."""
+    chosen, other = _b_routes_while_a_holds_sim_0(
+        private_redis.url, 0.3, KVGATE_SCALE_OUT__SHARE_LOAD=str(share).lower()
+    )
+    assert (chosen == other) == share
 
 
 @pytest.mark.redis
@@ -308,25 +317,10 @@ def test_a_request_reads_the_other_replicas_counts_when_it_routes(private_redis:
     """As above, but replica B's clock-driven exchanges are 30 s apart (a 120 s
     lease): what tells B, 50 ms after A dispatched, that A keeps sim-0 busy is the
     exchange B's own request makes beside its index lookup."""
-    env = _env(KVGATE_INDEX__BACKEND="redis", KVGATE_INDEX__REDIS_URL=private_redis.url,
-               KVGATE_SCALE_OUT__LOAD_LEASE_S="120",
-               KVGATE_HEALTH__INTERVAL_S="600")  # fmt: skip
-    with sim_fleet(2, block_size=BLOCK, itl_s=0.05, default_max_tokens=60) as pods:
-        specs = [(p.name, p.url) for p in pods]
-        with (
-            run_gateway(specs, strategy="least-loaded", env=env) as a,
-            run_gateway(specs, strategy="least-loaded", env=env) as b,
-            httpx.Client(timeout=30) as client,
-        ):
-            body = {"model": MODEL, "prompt": "hello", "stream": True}
-            with client.stream("POST", f"{a}/v1/completions", json=body) as held:
-                assert held.headers["x-kvgate-pod"] == pods[0].name  # ties go to sim-0
-                time.sleep(0.05)
-                r = client.post(f"{b}/v1/completions", json={**body, "stream": False,
-                                                               "max_tokens": 1})  # fmt: skip
-                held.read()
-
-    assert r.headers["x-kvgate-pod"] == pods[1].name
+    chosen, other = _b_routes_while_a_holds_sim_0(
+        private_redis.url, 0.05, KVGATE_SCALE_OUT__LOAD_LEASE_S="120"
+    )
+    assert chosen == other
 
 
 @pytest.mark.redis
