@@ -25,8 +25,9 @@ for workers whose dispatches do not poke it and whose requests cannot await its
 exchange, so it exchanges every ``load_interval_s`` instead (``kvgate bench
 shared-load`` measures both). A replica that dies stops counting within
 ``load_lease_s``; a Redis outage leaves each replica on its own counts once the last
-answer is older than the lease, and no request waits for an exchange while they
-fail.
+answer is older than the lease. A Redis that stops answering holds the requests
+waiting on an exchange for the store's socket timeout (100 ms) once; no request
+waits for an exchange while they fail.
 
 Routing adds these counts to its own (``routing.load.CombinedLoad``; with workers,
 the host's shared table holds them), and the cost model subtracts the fleet's
@@ -247,7 +248,8 @@ class FleetLoadExchange:
         self._read_at = float("-inf")  # when the last exchange that answered was sent
         self._failing = False  # the last exchange failed
         # Set by stop() beside its cancel: the loop must end even where a cancel is
-        # lost (one stop in a few thousand hung at the poke wait, its task cancelling).
+        # lost (about one stop in 30 of kvgate bench shared-load's hung at the poke
+        # wait, its task cancelling; where the cancel went is not known).
         self._stopping = False
         self._last_unexpected_log_at = float("-inf")
 
