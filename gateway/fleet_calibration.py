@@ -109,7 +109,7 @@ class CalibrationExchange:
                 pipe.ltrim(key, -cal.window, -1)
                 pipe.expire(key, KEY_TTL_S)
             reads.append(len(pipe))
-            pipe.lrange(key, 0, -1)
+            pipe.lrange(key, -cal.window, -1)  # bounded, whatever wrote the list
         replies = await pipe.execute()
         return [replies[i] for i in reads]
 

@@ -73,8 +73,11 @@ class Calibrator:
         self.window = window
         self._points: deque[Point] = deque(maxlen=window)
         # Points added since ``take_new`` last ran: shared with other replicas, then kept
-        # on top of the window their ``adopt`` brings back until they are in it.
+        # on top of the window their ``adopt`` brings back until they are in it. Kept
+        # only once something pools them (the first ``take_new``): a calibrator no one
+        # pools holds its window alone.
         self._new: deque[Point] = deque(maxlen=window)
+        self._pooled = False
         self._min_samples = min_samples
         self._refit_every = refit_every
         self._max_change = max_change
@@ -128,7 +131,8 @@ class Calibrator:
         prefill -= (prompt_tokens - uncached) * model.prefill_s_per_cached_token
         point = (uncached, max(0, running), prefill)
         self._points.append(point)
-        self._new.append(point)
+        if self._pooled:
+            self._new.append(point)
         self.accepted += 1
         self._since_fit += 1
         if len(self._points) < self._min_samples:
@@ -138,7 +142,11 @@ class Calibrator:
         return True
 
     def take_new(self) -> list[Point]:
-        """The points added since the last call, oldest first (at most ``window``)."""
+        """The points added since the last call, oldest first (at most ``window``); the
+        first call hands over the whole window."""
+        if not self._pooled:
+            self._pooled = True
+            return list(self._points)
         new = list(self._new)
         self._new.clear()
         return new

@@ -242,3 +242,14 @@ def test_adopting_an_empty_window_keeps_the_base_model():
     """A replica routed the model but no replica has observed a request yet."""
     cal = Calibrator(CostModel())
     assert cal.adopt([]) == CostModel()
+
+
+def test_a_calibrator_no_one_pools_keeps_no_second_copy_of_its_points():
+    """Memory stays the window's alone until something pools the points; the first
+    ``take_new`` then hands over the whole window, later ones what was added since."""
+    cal = Calibrator(CostModel(), window=16)
+    _observe(cal, random.Random(5), 20)
+    assert len(cal._new) == 0
+    assert cal.take_new() == list(cal._points)
+    _observe(cal, random.Random(6), 3)
+    assert cal.take_new() == list(cal._points)[-3:]
