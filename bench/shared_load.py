@@ -138,7 +138,7 @@ async def measure_staleness(url: str, interval_s: float, samples: int) -> list[f
     a = FleetLoadExchange(RedisStore(url, namespace=ns), "a", dict, lambda _: None,
                           interval_s=interval_s, lease_s=lease)  # fmt: skip
     tracker = PokingTracker(a.poke)
-    a._own = lambda: {pod_key(p): v for p, v in tracker.snapshot().items()}
+    a._own = tracker.keyed_counts
     b = FleetLoadExchange(RedisStore(url, namespace=ns), "b", dict, sink_b,
                           interval_s=interval_s, lease_s=lease)  # fmt: skip
     await a.start()
@@ -182,10 +182,10 @@ async def measure_decision_lag(
     clocks = {"interval_s": interval_s, "idle_interval_s": idle_s, "lease_s": lease}
     a = FleetLoadExchange(RedisStore(url, namespace=ns), "a", dict, lambda _: None, **clocks)
     a_tracker = PokingTracker(a.poke)
-    a._own = lambda: {pod_key(p): v for p, v in a_tracker.snapshot().items()}
+    a._own = a_tracker.keyed_counts
     b = FleetLoadExchange(RedisStore(url, namespace=ns), "b", dict, remote.update, **clocks)
     b_tracker = PokingTracker(b.poke)
-    b._own = lambda: {pod_key(p): v for p, v in b_tracker.snapshot().items()}
+    b._own = b_tracker.keyed_counts
     dispatched: list[float] = []  # when A dispatched its n-th request (never finished)
 
     async def replica_a() -> None:

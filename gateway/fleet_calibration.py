@@ -94,7 +94,7 @@ class CalibrationExchange:
         replies = await self.redis.on_namespace(lambda r: self._call(r, new))
         for (_, cal, _), window in zip(new, replies, strict=True):
             points = [p for raw in window if (p := decode_point(raw)) is not None]
-            cal.adopt(points[-cal.window :])
+            cal.adopt(points)  # at most a window: LRANGE reads no more
         self.rounds += 1
 
     async def _call(

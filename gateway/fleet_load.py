@@ -161,6 +161,10 @@ class PokingTracker(LoadTracker):
     def cell(self, pod: str) -> LoadCell:
         return _Poked(super().cell(pod), self._poke)
 
+    def keyed_counts(self) -> dict[int, PodLoad]:
+        """These counts per ``pod_key``, as an exchange publishes them (its ``own``)."""
+        return {pod_key(pod): load for pod, load in self.snapshot().items()}
+
 
 class RemoteLoad:
     """The other replicas' counts as last heard: a ``routing.load.LoadSource``."""

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry
 
 from gateway.config import Settings
-from gateway.host_load import pod_key
 from gateway.kv import KvIndex
 from gateway.pods import PodRegistry
 from gateway.siblings import SiblingMetrics, Siblings
@@ -37,11 +36,12 @@ from gateway.warm_start import WarmStart
 from gateway.workers import WorkerContext
 from kvindex.types import Bound
 from routing.core import RoutingCore
-from routing.load import CombinedLoad, PodLoad
+from routing.load import CombinedLoad
 
 if TYPE_CHECKING:  # imported when Redis is in use: redis-py pulls in OpenTelemetry's SDK
     from gateway.fleet_calibration import CalibrationExchange
     from gateway.fleet_load import FleetLoadExchange
+    from kvindex.redis_store import RedisStore
     from routing.calibration import Calibrator
 
 
@@ -54,6 +54,8 @@ class ScaleOut:
     siblings: Siblings | None = None
     exchange: FleetLoadExchange | None = None
     calibration: CalibrationExchange | None = None
+    # The client both exchanges use (a Redis index only); closed once, after them.
+    redis: RedisStore | None = None
 
     def describe(self) -> dict[str, object]:
         out: dict[str, object] = {"index": self.warm.state}
@@ -87,11 +89,8 @@ class ScaleOut:
             await self.calibration.stop()
         if self.exchange is not None:
             await self.exchange.stop()
-            await self.exchange.redis.close()
-        if self.calibration is not None and (
-            self.exchange is None or self.calibration.redis is not self.exchange.redis
-        ):
-            await self.calibration.redis.close()
+        if self.redis is not None:
+            await self.redis.close()
         if self.siblings is not None:
             await self.siblings.stop()
 
@@ -130,42 +129,38 @@ def scale_out(
         remote = RemoteLoad(max_age_s=so.load_lease_s)
         core.set_load(CombinedLoad(tracker, {"fleet": remote}))
 
-        def own_counts() -> dict[int, PodLoad]:
-            return {pod_key(pod): load for pod, load in tracker.snapshot().items()}
-
-        own, sink = own_counts, remote.update
+        own, sink = tracker.keyed_counts, remote.update
     if shared_index and so.share_load and own is not None and sink is not None:
         from gateway.fleet_load import FleetLoadExchange, FleetLoadMetrics
-        from kvindex.redis_store import RedisStore
 
-        idx = settings.index
-        assert idx.redis_url is not None
-        redis = RedisStore(idx.redis_url, namespace=idx.namespace, cluster=idx.redis_cluster)
+        out.redis = _namespace_store(settings)
         replica = worker.host_id if worker is not None else secrets.token_hex(6)
         # A single process's requests read the others' counts when they need them
         # (``fresh_load``), so between requests it only keeps its lease. A host's
         # worker 0 cannot tell when its siblings route: it keeps the interval.
         idle_s = so.load_interval_s if worker is not None else so.load_lease_s / 4
         out.exchange = FleetLoadExchange(
-            redis, replica, own, sink,
+            out.redis, replica, own, sink,
             interval_s=so.load_interval_s, idle_interval_s=idle_s, lease_s=so.load_lease_s,
             max_replicas=so.max_replicas, metrics=FleetLoadMetrics(prometheus),
         )  # fmt: skip
     if shared_index and so.share_calibration:
         from gateway.fleet_calibration import CalibrationExchange
-        from kvindex.redis_store import RedisStore
 
-        idx = settings.index
-        assert idx.redis_url is not None
-        redis = (
-            out.exchange.redis
-            if out.exchange is not None
-            else RedisStore(idx.redis_url, namespace=idx.namespace, cluster=idx.redis_cluster)
-        )
+        out.redis = out.redis or _namespace_store(settings)
         out.calibration = CalibrationExchange(
-            redis, lambda: kv_aware_calibrators(core), interval_s=so.calibration_interval_s
+            out.redis, lambda: kv_aware_calibrators(core), interval_s=so.calibration_interval_s
         )
     return out
+
+
+def _namespace_store(settings: Settings) -> RedisStore:
+    """A client of the index's Redis for the replicas' own data in its namespace."""
+    from kvindex.redis_store import RedisStore
+
+    idx = settings.index
+    assert idx.redis_url is not None
+    return RedisStore(idx.redis_url, namespace=idx.namespace, cluster=idx.redis_cluster)
 
 
 def kv_aware_calibrators(core: RoutingCore) -> list[tuple[str, Calibrator]]:

@@ -148,7 +148,7 @@ async def test_a_dispatch_reaches_the_other_replica_before_the_interval_ends(
     seen = RemoteLoad(max_age_s=60)
     a = FleetLoadExchange(redis_target.store(ns), "a", dict, lambda _: None, interval_s=30)
     tracker = PokingTracker(a.poke)
-    a._own = lambda: {pod_key(p): v for p, v in tracker.snapshot().items()}
+    a._own = tracker.keyed_counts
     b = FleetLoadExchange(redis_target.store(ns), "b", dict, seen.update, interval_s=0.02)
     await a.start()
     await b.start()
