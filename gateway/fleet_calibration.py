@@ -26,11 +26,11 @@ import asyncio
 import contextlib
 import logging
 import math
-import time
 from collections.abc import Callable
 
 from redis.exceptions import RedisError
 
+from gateway.logs import ThrottledError
 from kvindex.redis_store import RedisStore
 from routing.calibration import Calibrator, Point
 
@@ -83,7 +83,7 @@ class CalibrationExchange:
         self.rounds = 0
         self.errors = 0
         self._task: asyncio.Task[None] | None = None
-        self._last_unexpected_log_at = float("-inf")
+        self._log_unexpected = ThrottledError(log, "calibration exchange failed unexpectedly")
 
     async def exchange(self) -> None:
         """One round: push every model's new points, read back each model's window, fit."""
@@ -125,10 +125,7 @@ class CalibrationExchange:
                 # A bug must cost this round, not the task (calibration would silently
                 # go back to each replica's own points); logged in full once a minute.
                 self.errors += 1
-                now = time.monotonic()
-                if now - self._last_unexpected_log_at >= 60.0:
-                    self._last_unexpected_log_at = now
-                    log.error("calibration exchange failed unexpectedly", exc_info=exc)
+                self._log_unexpected(exc)
 
     async def start(self) -> None:
         if self._task is None:

@@ -51,6 +51,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from redis.exceptions import NoScriptError, RedisError
 
 from gateway.host_load import pod_key
+from gateway.logs import ThrottledError
 from kvindex.redis_store import RedisStore
 from routing.load import LoadCell, LoadTracker, PodLoad
 
@@ -94,9 +95,6 @@ MAX_PODS_PER_REPLICA = 4096
 MAX_COUNT = 2**31 - 1
 # ``pod_key`` values: 63 bits and never 0 (0 marks a free row of the host table).
 _MAX_POD_KEY = 2**63 - 1
-# An unexpected failure of the exchange is logged with its traceback at most this often
-# (a round runs every ``interval_s``, so a persistent one would flood the log).
-_UNEXPECTED_LOG_EVERY_S = 60.0
 
 
 def encode_counts(loads: Mapping[int, PodLoad]) -> str:
@@ -255,7 +253,8 @@ class FleetLoadExchange:
         # lost (about one stop in 30 of kvgate bench shared-load's hung at the poke
         # wait, its task cancelling; where the cancel went is not known).
         self._stopping = False
-        self._last_unexpected_log_at = float("-inf")
+        # A round runs every few milliseconds: a persistent bug must not flood the log.
+        self._log_unexpected = ThrottledError(log, "fleet load exchange failed unexpectedly")
 
     async def exchange(self) -> dict[int, PodLoad]:
         """One round trip: publish ours, return the others' summed per pod."""
@@ -314,14 +313,6 @@ class FleetLoadExchange:
             self.metrics.errors.inc()
         if time.monotonic() - self._last_ok > self.lease_ms / 1000:
             self._sink({})  # the others' counts are too old to route on
-
-    def _log_unexpected(self, exc: Exception) -> None:
-        now = time.monotonic()
-        if now - self._last_unexpected_log_at >= _UNEXPECTED_LOG_EVERY_S:
-            self._last_unexpected_log_at = now
-            log.error("fleet load exchange failed unexpectedly", exc_info=exc)
-        else:
-            log.debug("fleet load exchange failed unexpectedly: %r", exc)
 
     def poke(self) -> None:
         """This replica's counts changed: exchange now rather than at the next interval
