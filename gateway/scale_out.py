@@ -7,7 +7,7 @@
 * a Redis index with ``scale_out.share_load``: the replica's in-flight counts are
   exchanged with every other replica's (``gateway.fleet_load``) and routing adds the
   others' to its own; a request that finds them stale has them read again beside its
-  index lookup (``fresh_load``, for the router).
+  index lookup (``load_reader``, for the router).
 * a Redis index with ``scale_out.share_calibration``: kv-aware's calibration points
   are pooled with every other process's, so each fits from the fleet's requests, not
   its share of them (``gateway.fleet_calibration``).
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -65,13 +66,14 @@ class ScaleOut:
             out["replicas_sharing_load"] = self.exchange.replicas + 1
         return out
 
-    def fresh_load(self) -> asyncio.Future[None] | None:
-        """For the router, before a request's index lookup: what to await after it so
-        the other replicas' counts are fresh (None: they are, or nobody shares them, or
-        a ``--workers`` host, whose worker 0 exchanges on its own clock)."""
+    def load_reader(self) -> Callable[[], asyncio.Future[None] | None] | None:
+        """The router's hook before a request's index lookup (``Router.fresh_load``):
+        the exchange's ``fresh``, whose future, awaited after the lookup, has the other
+        replicas' counts fresh. None where nobody shares them, or on a ``--workers``
+        host, whose worker 0 exchanges on its own clock. Decided once, at wiring."""
         if self.exchange is None or self.worker is not None:
             return None
-        return self.exchange.fresh()
+        return self.exchange.fresh
 
     def bounds(self) -> dict[str, Bound]:
         return self.siblings.bounds() if self.siblings is not None else {}
@@ -136,7 +138,7 @@ def scale_out(
         out.redis = _namespace_store(settings)
         replica = worker.host_id if worker is not None else secrets.token_hex(6)
         # A single process's requests read the others' counts when they need them
-        # (``fresh_load``), so between requests it only keeps its lease. A host's
+        # (``load_reader``), so between requests it only keeps its lease. A host's
         # worker 0 cannot tell when its siblings route: it keeps the interval.
         idle_s = so.load_interval_s if worker is not None else so.load_lease_s / 4
         out.exchange = FleetLoadExchange(

@@ -181,8 +181,7 @@ async def running_gateway(
         router = Router(core, metrics, kv, settings.session_header, settings.session_body_field)
         if scale.siblings is not None:
             router.before_route, router.on_routed = scale.siblings.drain, scale.siblings.routed
-        if scale.exchange is not None:
-            router.fresh_load = scale.fresh_load
+        router.fresh_load = scale.load_reader()
         admission = None
         if settings.admission.enabled:
             admission = Admission(settings.admission, settings.models, router,
