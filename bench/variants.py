@@ -78,6 +78,15 @@ VARIANTS = {
     "no-cached-cost": Variant(
         "no-cached-cost", cost_model_overrides={"prefill_s_per_cached_token": 0.0}
     ),
+    # prefix-aware yielding affinity to load at sglang-router's default gap (64 requests
+    # in flight beyond the least loaded pod's) instead of kvgate's 8. Both count the
+    # router's own in-flight requests per pod.
+    "sglang-balance": Variant(
+        "sglang-balance",
+        gateway_settings={
+            "KVGATE_STRATEGY_OPTIONS": json.dumps({"prefix-aware": {"balance_abs_threshold": 64}})
+        },
+    ),
     # A stream's headers sent as soon as the pod's arrive (`stream_headers_early`): the
     # client's response set-up overlaps the prefill; no retry after them.
     "early-headers": Variant(

@@ -75,3 +75,20 @@ def test_no_cached_cost_zeroes_the_measured_cost_per_cached_token_and_keeps_the_
     # The DES hands over the model object itself: the override lands on it too.
     des = variant.kv_aware_options({"cost_model": CostModel(prefill_s_per_cached_token=6e-6)})
     assert CostModel.from_dict(des["cost_model"]).prefill_s_per_cached_token == 0.0
+
+
+def test_sglang_balance_gives_prefix_aware_sglang_routers_balance_gap(monkeypatch):
+    import json
+
+    from routing.strategy_set import StrategySet
+
+    strategy, variant = split_variant("prefix-aware/sglang-balance")
+    env = variant.gateway_env()
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings(_env_file=None, strategy=strategy)
+    built = StrategySet.build(settings.strategy, settings.strategy_options).default
+    assert built.name == "prefix-aware" and built.balance_abs_threshold == 64
+    shipped = StrategySet.build("prefix-aware", {}).default
+    assert shipped.balance_abs_threshold == 8  # the variant changes the one setting only
+    assert "kv-aware" not in json.loads(env["KVGATE_STRATEGY_OPTIONS"])
