@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,6 +12,7 @@ from pathlib import Path
 from bench.logfiles import log_file
 from bench.polling import http_status, wait_for
 from bench.ports import free_port, free_ports  # noqa: F401  (free_port: tests import it here)
+from bench.processes import stop
 
 
 def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
@@ -91,10 +91,5 @@ def run_gateway(
         print(Path(log.name).read_text()[-4000:], file=sys.stderr)
         raise
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
         log.close()

@@ -27,6 +27,8 @@ import time
 from collections import deque
 from types import TracebackType
 
+from bench.processes import stop
+
 LOOP_ITERATIONS = 20_000  # ~1 ms of CPU on this machine's fast speed
 DEFAULT_PERIOD_S = 0.25
 MAX_SAMPLES = 100_000  # ~7 hours at the default period
@@ -73,8 +75,7 @@ class SpeedSampler:
 
     def stop(self) -> None:
         if self._proc is not None:
-            self._proc.terminate()
-            self._proc.wait(10)
+            stop(self._proc)
         if self._reader is not None:
             self._reader.join(10)
 

@@ -50,6 +50,7 @@ from bench.machine_speed import SpeedSampler
 from bench.overhead_summary import column_stats, markdown
 from bench.polling import http_status, wait_for
 from bench.ports import free_port
+from bench.processes import stop
 from bench.stats import percentile
 
 MODEL = "kvgate-tiny-llama"
@@ -148,8 +149,7 @@ def zero_pod() -> Iterator[str]:
         wait_for(lambda: http_status(f"{url}/health") == 200, 10, what="the zero pod")
         yield url
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop(proc)
 
 
 @contextlib.contextmanager

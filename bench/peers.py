@@ -31,6 +31,7 @@ import httpx
 from bench.logfiles import log_file
 from bench.polling import http_status, wait_for
 from bench.ports import free_port
+from bench.processes import stop
 
 
 class PeerUnavailable(RuntimeError):
@@ -198,9 +199,4 @@ def run_peer(
         _wait_serving(url, model, proc, log, timeout_s)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
