@@ -24,6 +24,9 @@ class Variant:
     kv_overrides: dict[str, Any] = field(default_factory=dict, hash=False)
     # kv-aware cost-model keys laid over the benchmark's cost model (the rest kept).
     cost_model_overrides: dict[str, Any] = field(default_factory=dict, hash=False)
+    # Options of strategies other than kv-aware, by canonical name, laid over theirs
+    # (kv-aware's, measured or simulated, kept beside them).
+    strategy_options: dict[str, dict[str, Any]] = field(default_factory=dict, hash=False)
     # Other gateway settings, as environment variables (the gateway's HTTP path only:
     # the DES has none, so there the variant is the default).
     gateway_settings: dict[str, str] = field(default_factory=dict, hash=False)
@@ -46,9 +49,13 @@ class Variant:
         the benchmark's kv-aware options, which ``kv_overrides`` are laid over."""
         env = {"KVGATE_INDEX__SPECULATIVE_TTL_S": str(self.speculative_ttl_s),
                **self.gateway_settings}  # fmt: skip
+        options: dict[str, Any] = dict(self.strategy_options)
         if self.kv_options is not None or self.kv_overrides or self.cost_model_overrides:
-            options = self.kv_aware_options(base_kv_options)
-            env["KVGATE_STRATEGY_OPTIONS"] = json.dumps({"kv-aware": options})
+            options["kv-aware"] = self.kv_aware_options(base_kv_options)
+        elif options and base_kv_options is not None:
+            options["kv-aware"] = base_kv_options  # the whole setting is replaced: keep it
+        if options:
+            env["KVGATE_STRATEGY_OPTIONS"] = json.dumps(options)
         return env
 
 
@@ -82,10 +89,7 @@ VARIANTS = {
     # in flight beyond the least loaded pod's) instead of kvgate's 8. Both count the
     # router's own in-flight requests per pod.
     "sglang-balance": Variant(
-        "sglang-balance",
-        gateway_settings={
-            "KVGATE_STRATEGY_OPTIONS": json.dumps({"prefix-aware": {"balance_abs_threshold": 64}})
-        },
+        "sglang-balance", strategy_options={"prefix-aware": {"balance_abs_threshold": 64}}
     ),
     # A stream's headers sent as soon as the pod's arrive (`stream_headers_early`): the
     # client's response set-up overlaps the prefill; no retry after them.

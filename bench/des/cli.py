@@ -140,6 +140,8 @@ def _run(
         options = {**variant.kv_options, "cost_model": CostModel().to_dict()}
     if canonical_name(base) == "kv-aware":
         options = variant.kv_aware_options(options)
+    elif canonical_name(base) in variant.strategy_options:
+        options = {**(options or {}), **variant.strategy_options[canonical_name(base)]}
     results = run_des(
         requests,
         pods,

@@ -83,7 +83,8 @@ def test_sglang_balance_gives_prefix_aware_sglang_routers_balance_gap(monkeypatc
     from routing.strategy_set import StrategySet
 
     strategy, variant = split_variant("prefix-aware/sglang-balance")
-    env = variant.gateway_env()
+    measured = {"cost_model": {"prefill_tokens_per_s": 46_379.0}}
+    env = variant.gateway_env(measured)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     settings = Settings(_env_file=None, strategy=strategy)
@@ -91,4 +92,28 @@ def test_sglang_balance_gives_prefix_aware_sglang_routers_balance_gap(monkeypatc
     assert built.name == "prefix-aware" and built.balance_abs_threshold == 64
     shipped = StrategySet.build("prefix-aware", {}).default
     assert shipped.balance_abs_threshold == 8  # the variant changes the one setting only
-    assert "kv-aware" not in json.loads(env["KVGATE_STRATEGY_OPTIONS"])
+    # The setting replaces the benchmark's: kv-aware's measured options stay in it.
+    assert json.loads(env["KVGATE_STRATEGY_OPTIONS"])["kv-aware"] == measured
+
+
+def test_the_des_runs_prefix_aware_sglang_balance_with_sglang_routers_gap(monkeypatch):
+    import argparse
+
+    from rich.progress import Progress
+
+    import bench.des.cli as des_cli
+
+    seen = {}
+
+    def fake_run_des(requests, pods, strategy, spec, **kwargs):
+        seen.update(strategy=strategy, options=kwargs["strategy_options"])
+        return []
+
+    monkeypatch.setattr(des_cli, "run_des", fake_run_des)
+    monkeypatch.setattr(des_cli, "summarize_des", lambda *a: None)
+    monkeypatch.setattr(des_cli, "spec_tiers", lambda spec: "L0")
+    args = argparse.Namespace(event_delay_ms=0.0, scrape_interval_s=2.0)
+    des_cli._run(args, [], 0, 2, "prefix-aware/sglang-balance", None, {"capacity": 10},
+                 None, Progress(disable=True), "cell")  # fmt: skip
+    assert seen == {"strategy": "prefix-aware",
+                    "options": {"capacity": 10, "balance_abs_threshold": 64}}  # fmt: skip
