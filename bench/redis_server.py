@@ -27,6 +27,7 @@ import redis
 
 from bench.polling import wait_for
 from bench.ports import free_port, free_ports
+from bench.processes import stop
 
 REDIS_SERVER = shutil.which("redis-server")
 SKIP_REASON = "redis-server not on PATH (apt-get install redis-server); CI installs it"
@@ -89,11 +90,7 @@ class RedisServer:
     def stop(self) -> None:
         if self.proc is not None:
             self.resume()
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.kill()
+            stop(self.proc, grace_s=5)
             self.proc = None
 
     def restart(self) -> None:

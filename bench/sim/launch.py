@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from typing import Any
 from bench.logfiles import log_file
 from bench.polling import http_status, wait_for
 from bench.ports import free_port
+from bench.processes import stop
 
 _SCALED = {
     "overhead_s": ("--overhead-ms", 1e3),
@@ -126,11 +126,7 @@ class SimPod:
         if not self.running:
             return
         assert self.process is not None
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
+        stop(self.process, grace_s=timeout)
 
     def kill(self) -> None:
         """SIGKILL: the pod vanishes mid-whatever, like a crashed engine."""
