@@ -138,10 +138,11 @@ def _run(
     base, variant = split_variant(strategy)
     if variant.kv_options is not None:
         options = {**variant.kv_options, "cost_model": CostModel().to_dict()}
-    if canonical_name(base) == "kv-aware":
+    name = canonical_name(base)
+    if name == "kv-aware":
         options = variant.kv_aware_options(options)
-    elif canonical_name(base) in variant.strategy_options:
-        options = {**(options or {}), **variant.strategy_options[canonical_name(base)]}
+    elif name in variant.strategy_options:
+        options = {**(options or {}), **variant.strategy_options[name]}
     results = run_des(
         requests,
         pods,
