@@ -22,8 +22,10 @@ feeds) and the exact moment the gateway saw each first byte.
 
 Each setting is a ``Calibrator`` option set (``window``, ``min_samples``,
 ``refit_every``, ``max_change``) or ``off`` (the run's configured cost model, not
-calibrated) or ``default`` (the shipped options). Prints, per cell and setting, the
-median, signed median and p90 of |predicted - observed| / observed over all seeds.
+calibrated) or ``default`` (the shipped options) or ``one-speed`` (the shipped options,
+every pod priced at the model's average speed: ``routing.pod_speed`` off). Prints, per
+cell and setting, the median, signed median and p90 of |predicted - observed| /
+observed over all seeds.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from routing.strategies.kv_aware import KvAware
 from routing.types import Decision, Outcome, PodView, RouteRequest
 
 MODEL = "replay"  # one calibrator: a run serves one model
-DEFAULT_SETTINGS = ("off", "default", "window=32", "window=512", "refit_every=1")
+DEFAULT_SETTINGS = ("off", "default", "one-speed", "window=32", "refit_every=1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +54,7 @@ class Setting:
     name: str
     calibrate: bool
     options: dict[str, int | float]
+    pod_speeds: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,11 +75,13 @@ def parse_setting(text: str) -> Setting:
         return Setting(text, False, {})
     if text == "default":
         return Setting(text, True, {})
+    if text == "one-speed":
+        return Setting(text, True, {}, pod_speeds=False)
     options: dict[str, int | float] = {}
     for part in text.split(","):
         key, sep, value = part.partition("=")
         if not sep or key not in ("window", "min_samples", "refit_every", "max_change"):
-            raise ValueError(f"calibration setting {part!r}: expected off, default or "
+            raise ValueError(f"calibration setting {part!r}: expected off, default, one-speed or "
                              "window|min_samples|refit_every|max_change=N")  # fmt: skip
         options[key] = float(value) if key == "max_change" else int(value)
     Calibrator(**options)  # out-of-range options fail here, with the Calibrator's message
@@ -96,6 +101,7 @@ def replay_cell(
         cost_model=kv_options.get("cost_model"),
         calibrate=setting.calibrate,
         calibration=setting.options or None,
+        pod_speeds=setting.pod_speeds,
     )
     rows = sorted((r for r in rows if r.get("ok")), key=lambda r: r["sent_ms"])
     observed = {id(r): max(1.0, r["ttft_ms"] - offset_ms) for r in rows}
@@ -115,7 +121,7 @@ def replay_cell(
             strategy.observe(request, decisions.pop(i), outcome)
             continue
         pod = _pod_at(row["pod"], at, rows[:i])
-        cost = strategy.cost_model(MODEL)
+        cost = strategy.pod_cost_model(MODEL, pod.id)
         l0 = row["predicted_cached_tokens"]
         predicted = cost.predict_ttft_s(pod, l0, 0, 0, row["prompt_tokens"])
         decisions[i] = Decision(

@@ -79,6 +79,9 @@ VARIANTS = {
     # Every L0 write priced as evicting, however empty the pod's cache (roomy_share 0):
     # a pod lacking a prefix pays its prefill twice, so a hot prefix is copied later.
     "full-cache": Variant("full-cache", kv_overrides={"roomy_share": 0.0}),
+    # Every pod priced at the model's average speed (``pod_speeds`` off): what pricing
+    # each pod at its own observed speed (routing/pod_speed.py) buys.
+    "one-speed": Variant("one-speed", kv_overrides={"pod_speeds": False}),
     # Cached tokens cost nothing: the measured cost per cached token set to 0, so a
     # deep prefix hit is predicted as its new tokens alone (what kv-aware did before it
     # modelled attention over the cached keys).

@@ -85,6 +85,9 @@ class Calibrator:
         self._model = self.base
         self.accepted = 0
         self.rejected = 0  # bad observations: counted and skipped, never fatal
+        # The point the last accepted ``update`` added (``routing.pod_speed`` compares
+        # it with the fitted model, per pod).
+        self.last_point: Point | None = None
 
     def current(self) -> CostModel:
         """The base model with the latest fitted prefill parameters (O(1))."""
@@ -105,6 +108,7 @@ class Calibrator:
         l0_tokens: int = 0,
         l1_tokens: int = 0,
         l2_tokens: int = 0,
+        compute_scale: float = 1.0,
     ) -> bool:
         """Add one observation; returns False (and counts it) if it is unusable.
 
@@ -113,9 +117,12 @@ class Calibrator:
         for. ``l*_tokens`` are the predicted tier split; the observed ``cached_tokens`` is
         attributed to L0, then L1, then L2 in that order, any excess to L0 (a stale
         index is the usual cause). ``cached_tokens=None`` (no prompt-token details
-        from the engine) trusts the prediction.
+        from the engine) trusts the prediction. ``compute_scale``: how many times the
+        model's compute time the pod takes (``routing.pod_speed``; ``queue_s`` is at the
+        pod's speed): the point is fitted as on an average pod, so a fleet of unequal
+        pods gives one line to fit, not one per pod.
         """
-        if not _valid(ttft_s, prompt_tokens, cached_tokens, queue_s):
+        if not _valid(ttft_s, prompt_tokens, cached_tokens, queue_s) or not compute_scale > 0:
             self.rejected += 1
             return False
         assert ttft_s is not None and prompt_tokens is not None
@@ -127,9 +134,11 @@ class Calibrator:
         l2 = min(rest - l1, max(0, l2_tokens))
         model = self.base
         uncached = max(1, prompt_tokens - cached)  # a full hit still computes one token
-        prefill = ttft_s - queue_s - model.load_s(Tier.L1, l1) - model.load_s(Tier.L2, l2)
+        compute = ttft_s - queue_s - model.load_s(Tier.L1, l1) - model.load_s(Tier.L2, l2)
+        prefill = compute / compute_scale
         prefill -= (prompt_tokens - uncached) * model.prefill_s_per_cached_token
         point = (uncached, max(0, running), prefill)
+        self.last_point = point
         self._points.append(point)
         if self._pooled:
             self._new.append(point)

@@ -270,6 +270,20 @@ class CostModel:
             + cached * self.prefill_s_per_cached_token
         )
 
+    def compute_scaled(self, factor: float) -> CostModel:
+        """This model for a pod whose compute takes ``factor`` times as long: prefill
+        per token and overhead, per running request and per cached token scaled; tier
+        loads (I/O) as they are (``routing.pod_speed``)."""
+        if not factor > 0:
+            raise ValueError("cost model: a speed factor must be > 0")
+        return replace(
+            self,
+            prefill_tokens_per_s=self.prefill_tokens_per_s / factor,
+            prefill_overhead_s=self.prefill_overhead_s * factor,
+            decode_s_per_running=self.decode_s_per_running * factor,
+            prefill_s_per_cached_token=self.prefill_s_per_cached_token * factor,
+        )
+
     def fill_s(self, l1_tokens: int, l2_tokens: int, computed_tokens: int) -> float:
         """Time to fill L0 with a prompt's missing tokens: tier loads plus their prefill.
 

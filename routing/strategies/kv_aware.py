@@ -15,7 +15,10 @@ fleet-wide the consecutive prefix in L2) and the ``CostModel``. Per candidate po
 
 The minimum of predicted TTFT + eviction cost wins (``Decision.scores``); ties go to the
 less loaded pod, then the smaller id, never to list order. ``predicted_ttft_s`` is the
-winner's TTFT alone. ``observe`` feeds each model's ``Calibrator`` with the observed TTFT.
+winner's TTFT alone. ``observe`` feeds each model's ``Calibrator`` with the observed TTFT,
+and ``PodSpeeds`` with how much faster or slower than the fitted model each pod was:
+each candidate is priced with its own pod's speed (``routing.pod_speed`` has the
+measurements that call for it).
 
 Why the eviction cost: ranking by TTFT alone spills a hot prefix to another pod as
 soon as the holder's queue exceeds a full prefill elsewhere. Under cache pressure that
@@ -62,6 +65,7 @@ from kvindex.lru import BoundedLRU
 from kvindex.types import Bound, PrefixMatch
 from routing.calibration import Calibrator
 from routing.cost_model import CostModel, as_cost_model, running_requests
+from routing.pod_speed import PodSpeeds
 from routing.strategy_registry import register
 from routing.types import (
     Decision,
@@ -113,13 +117,16 @@ class KvAware(Strategy):
         max_models: int = 64,
         eviction_weight: float = 1.0,
         roomy_share: float = 0.25,
+        pod_speeds: bool = True,
     ) -> None:
         """``cost_model``: default for every model; ``models``: per served-model-name
         overrides laid over it; ``calibration``: ``Calibrator`` keyword options
         (window, min_samples, refit_every, max_change); ``eviction_weight``: how many
         times each L0 block a placement evicts is expected to be needed again (0: rank
         by predicted TTFT alone); ``roomy_share``: the share of a pod's L0 below which
-        writing evicts nothing (0: every write is priced as evicting)."""
+        writing evicts nothing (0: every write is priced as evicting); ``pod_speeds``:
+        price each pod at its own observed speed relative to the calibrated model (off,
+        or calibration off: every pod alike)."""
         if not eviction_weight >= 0:
             raise ValueError("kv-aware: eviction_weight must be >= 0")
         if not 0 <= roomy_share <= 1:
@@ -136,18 +143,28 @@ class KvAware(Strategy):
         self.calibrate = calibrate
         self._calibration = dict(calibration or {})
         self._calibrators: BoundedLRU[str, Calibrator] = BoundedLRU(max_models)
+        self.speeds: PodSpeeds | None = PodSpeeds() if calibrate and pod_speeds else None
         Calibrator(self.default_cost, **self._calibration)  # bad options fail at start-up
 
     def bounds(self) -> dict[str, Bound]:
         """Calibrators, one per model seen (a full 128-point window is ~17 kB)."""
         cal = self._calibrators
-        return {"calibrators": Bound(len(cal), cal.capacity, "models", 17_000)}
+        bounds = {"calibrators": Bound(len(cal), cal.capacity, "models", 17_000)}
+        if self.speeds is not None:
+            bounds["pod_speeds"] = self.speeds.bound()
+        return bounds
 
     def cost_model(self, model: str) -> CostModel:
         """The model's current cost model (calibrated if calibration is on)."""
         if not self.calibrate:
             return self._static.get(model, self.default_cost)
         return self.calibrator(model).current()
+
+    def pod_cost_model(self, model: str, pod: str, cost: CostModel | None = None) -> CostModel:
+        """The model's cost model (``cost``: as ``cost_model`` gave it) for ``pod``, at
+        that pod's observed speed."""
+        cost = self.cost_model(model) if cost is None else cost
+        return cost if self.speeds is None else self.speeds.scaled(model, pod, cost)
 
     def calibrators(self) -> list[tuple[str, Calibrator]]:
         """Each model's calibrator (none while calibration is off), to pool replicas'
@@ -172,10 +189,15 @@ class KvAware(Strategy):
         match: PrefixMatch | None,
         now: float,
     ) -> Decision:
-        cost = self.cost_model(req.model)
+        model = req.model
+        cost = self.cost_model(model)
         anywhere = _held_anywhere(match)
-        estimates = [self.estimate(cost, req, pod, match, anywhere) for pod in pods]
+        pod_cost = self.pod_cost_model
+        estimates = [
+            self.estimate(pod_cost(model, pod.id, cost), req, pod, match, anywhere) for pod in pods
+        ]
         best = min(estimates, key=_rank)
+        best_cost = pod_cost(model, best.pod.id, cost)
         return Decision(
             pod=best.pod.id,
             strategy=self.name,
@@ -185,7 +207,7 @@ class KvAware(Strategy):
             predicted_l2_tokens=best.l2,
             predicted_ttft_s=best.ttft_s,
             scores={e.pod.id: e.score_s for e in estimates},
-            predicted_queue_s=cost.queue_delay_s(best.pod),
+            predicted_queue_s=best_cost.queue_delay_s(best.pod),
             predicted_running=running_requests(best.pod),
             speculate_blocks=match.total_blocks if match is not None else 0,
         )
@@ -239,7 +261,8 @@ class KvAware(Strategy):
         return PodEstimate(pod, l0, l1, l2, ttft, evict)
 
     def observe(self, req: RouteRequest, decision: Decision, outcome: Outcome) -> None:
-        """Calibrate the model's prefill and per-running costs from the observed TTFT."""
+        """Calibrate the model's prefill and per-running costs, and the pod's speed
+        relative to them, from the observed TTFT."""
         if not self.calibrate or not outcome.ok:
             return
         prompt = outcome.prompt_tokens if outcome.prompt_tokens is not None else req.prompt_tokens
@@ -251,19 +274,33 @@ class KvAware(Strategy):
             return
         calibrator = self.calibrator(req.model)
         # The calibrator fits the running requests' share itself: take it out of the
-        # predicted queue (at the current estimate, which refits move only slowly).
+        # predicted queue (at the pod's current estimate, which refits move only slowly).
         running = decision.predicted_running
-        running_s = running * calibrator.current().decode_s_per_running
-        calibrator.update(
+        fitted = calibrator.current()
+        speed = 1.0 if self.speeds is None else self.speeds.factor(req.model, decision.pod)
+        queue_s = max(0.0, (decision.predicted_queue_s or 0.0)
+                      - running * fitted.decode_s_per_running * speed)  # fmt: skip
+        accepted = calibrator.update(
             outcome.ttft_s,
             prompt,
             outcome.cached_tokens,
-            queue_s=max(0.0, (decision.predicted_queue_s or 0.0) - running_s),
+            queue_s=queue_s,
             running=running,
             l0_tokens=decision.predicted_l0_tokens,
             l1_tokens=decision.predicted_l1_tokens,
             l2_tokens=decision.predicted_l2_tokens,
+            compute_scale=speed,
         )
+        point = calibrator.last_point
+        if accepted and self.speeds is not None and point is not None:
+            # The pod's compute (queue and prefill, tier loads out) against an average
+            # pod's, from the point the calibrator took as an average pod's.
+            uncached, running, prefill_s = point
+            cached_s = (prompt - uncached) * fitted.prefill_s_per_cached_token
+            observed_s = speed * (prefill_s + cached_s) + queue_s
+            average_s = (queue_s / speed + fitted.prefill_s(uncached)
+                         + running * fitted.decode_s_per_running + cached_s)  # fmt: skip
+            self.speeds.observe(req.model, decision.pod, observed_s, average_s)
 
 
 def _held_anywhere(match: PrefixMatch | None) -> int:

@@ -1,0 +1,134 @@
+"""Per-pod speed of a model's pods, relative to the model's average pod.
+
+The calibrator (``routing.calibration``) fits one cost model per model from every pod's
+requests, so it predicts an average pod. Pods of one model are not equally fast: on
+two CPU cores running two vLLM pods, the gateway and the load generator, one pod's
+requests at the same in-flight count came out 27% faster than predicted and the
+other's 46% slower (``kvgate bench real``, chat at concurrency 8); on three pods, two
+of which share a core, the pod with a core of its own was over-predicted by 27-56% in
+every cell and the other two under-predicted by 10-41% (docs/real-engines.md). GPU
+fleets have the same spread where pods differ in card, clocks, tensor-parallel width or
+neighbours. A router that prices every pod alike sends too little to the fast pod and
+prices a copy onto a slow one too cheaply.
+
+``PodSpeeds`` keeps, per (model, pod), the last ``window`` ratios of the compute time a
+request waited and took on the pod (its TTFT less the tier loads) to what the fitted
+model predicts for it on an average pod (its queue and its prefill). A pod's raw speed
+is the median of its ratios (robust to a stalled request, as the calibrator's fit is);
+its factor is that over the geometric mean of the raw speeds of the model's pods, within
+[1 / ``max_factor``, ``max_factor``]. Until a pod has ``min_samples`` ratios it is not
+counted and its factor is 1.
+
+Why relative to the model's pods: the calibrator fits each point as on an average pod
+(its TTFT less the queue, divided by the pod's factor), so model and factors share one
+scale. Left free, that scale drifts: a model twice as slow with every factor halved
+predicts the same; pinning the factors' geometric mean at 1 makes the model the
+average pod's. Why the ratio takes the queue as well as the prefill, both at the
+average pod's speed: a ratio of the prefill alone, with the queue taken out at the
+pod's own factor, feeds the factor back into itself by the queue's share of the TTFT
+(several times the prefill's behind a queue) and swings.
+
+``scaled`` gives the model with a pod's prefill, overhead, per-running and
+per-cached-token costs times its factor (tier loads are I/O and stay as they are); the
+strategy prices the pod's queue, prefill and eviction with it. Each ratio is against
+the model current when the request finished; the window is short (32 requests a pod),
+so a refit is folded in within a window. Each gateway replica keeps its own factors
+(not pooled like the calibrator's points): a factor needs only its pod's requests, of
+which every replica sees a share.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from statistics import fmean, median
+
+from kvindex.lru import BoundedLRU
+from kvindex.types import Bound
+from routing.cost_model import CostModel
+
+_MIN_PREDICTED_S = 1e-4  # a prediction below 0.1 ms is not a ratio's denominator
+
+
+class PodSpeeds:
+    """Bounded per-(model, pod) compute speed factors and the scaled cost models."""
+
+    def __init__(
+        self,
+        window: int = 32,
+        min_samples: int = 8,
+        max_factor: float = 4.0,
+        max_pods: int = 4096,
+    ) -> None:
+        if window < 1 or not 1 <= min_samples <= window or not max_factor >= 1:
+            raise ValueError("pod speeds: 1 <= min_samples <= window, max_factor >= 1")
+        self.window = window
+        self.min_samples = min_samples
+        self.max_factor = max_factor
+        self._ratios: BoundedLRU[tuple[str, str], deque[float]] = BoundedLRU(max_pods)
+        # Per model: each counted pod's log raw speed, and their mean (the log of the
+        # geometric mean the factors are relative to).
+        self._log_speeds: dict[str, dict[str, float]] = {}
+        self._log_mean: dict[str, float] = {}
+        # The last scaled model per pair: (base it was scaled from, factor, scaled).
+        self._scaled: dict[tuple[str, str], tuple[CostModel, float, CostModel]] = {}
+
+    def bound(self) -> Bound:
+        """(model, pod) pairs tracked; a full window of 32 floats is ~1.5 kB."""
+        return Bound(len(self._ratios), self._ratios.capacity, "model pods", 1_500)
+
+    def observe(self, model: str, pod: str, observed_s: float, predicted_s: float) -> None:
+        """Add one finished request on ``pod``: the compute time it waited and took
+        (``observed_s``) and what the model predicts for it on an average pod."""
+        ratio = max(0.0, observed_s) / max(predicted_s, _MIN_PREDICTED_S)
+        key = (model, pod)
+        ratios = self._ratios.touch(key)  # a pod still serving stays
+        if ratios is None:
+            ratios = deque(maxlen=self.window)
+            self._ratios.put(key, ratios)
+            self._forget_evicted()
+        ratios.append(ratio)
+        if len(ratios) >= self.min_samples:
+            low, high = 1.0 / self.max_factor, self.max_factor
+            speeds = self._log_speeds.setdefault(model, {})
+            speeds[pod] = math.log(min(max(median(ratios), low), high))
+            self._log_mean[model] = fmean(speeds.values())
+
+    def factor(self, model: str, pod: str) -> float:
+        """How many times the model's average pod's compute time ``pod`` takes (1: not
+        known yet)."""
+        speeds = self._log_speeds.get(model)
+        log_speed = None if speeds is None else speeds.get(pod)
+        if log_speed is None:
+            return 1.0
+        factor = math.exp(log_speed - self._log_mean[model])
+        return min(max(factor, 1.0 / self.max_factor), self.max_factor)
+
+    def scaled(self, model: str, pod: str, cost: CostModel) -> CostModel:
+        """``cost`` with ``pod``'s compute costs times its factor (``cost`` itself at 1).
+        The scaled model is kept until the base or the factor changes: a request's pick
+        asks once per candidate pod."""
+        factor = self.factor(model, pod)
+        if factor == 1.0:
+            return cost
+        key = (model, pod)
+        kept = self._scaled.get(key)
+        if kept is not None and kept[0] is cost and kept[1] == factor:
+            return kept[2]
+        scaled = cost.compute_scaled(factor)
+        self._scaled[key] = (cost, factor, scaled)
+        return scaled
+
+    def _forget_evicted(self) -> None:
+        """Drop what pairs the bounded LRU evicted leave behind. Run when a pair is
+        added (a new pod or model: rare), so nothing here outgrows the LRU."""
+        live = set(self._ratios)
+        for stale in [key for key in self._scaled if key not in live]:
+            del self._scaled[stale]
+        for model, speeds in list(self._log_speeds.items()):
+            for pod in [pod for pod in speeds if (model, pod) not in live]:
+                del speeds[pod]
+            if speeds:
+                self._log_mean[model] = fmean(speeds.values())
+            else:
+                del self._log_speeds[model], self._log_mean[model]
