@@ -16,8 +16,17 @@ request waited and took on the pod (its TTFT less the tier loads) to what the fi
 model predicts for it on an average pod (its queue and its prefill). A pod's raw speed
 is the median of its ratios (robust to a stalled request, as the calibrator's fit is);
 its factor is that over the geometric mean of the raw speeds of the model's pods, within
-[1 / ``max_factor``, ``max_factor``]. Until a pod has ``min_samples`` ratios it is not
-counted and its factor is 1.
+[1 / ``max_factor``, ``max_factor``], moved ``evidence_z`` (2) standard errors of its
+median towards 1. Until a pod has ``min_samples`` ratios it is not counted and its
+factor is 1.
+
+Why the evidence: while the model itself is still being fitted (a gateway's first
+requests), each pod's ratios say more about which requests it got than about its
+speed. In the DES, whose pods are identical, factors of 0.66-1.6 came and went over the
+first ~70 requests, and six of twelve seeds of the quick preset's RAG cell on L0 came
+out worse (TTFT p90 median 83 -> 89 ms, worst 128 -> 208); moved two standard errors
+towards 1 the DES is unchanged seed for seed, while a pod whose ratios sit apart from
+the others' (the real pods' 27-56%) keeps most of its factor.
 
 Why relative to the model's pods: the calibrator fits each point as on an average pod
 (its TTFT less the queue, divided by the pod's factor), so model and factors share one
@@ -48,6 +57,9 @@ from kvindex.types import Bound
 from routing.cost_model import CostModel
 
 _MIN_PREDICTED_S = 1e-4  # a prediction below 0.1 ms is not a ratio's denominator
+# The standard error of a median of n normal samples is ~1.2533 sigma / sqrt(n), and
+# sigma ~1.4826 x the median absolute deviation.
+_SE_PER_MAD = 1.2533 * 1.4826
 
 
 class PodSpeeds:
@@ -59,17 +71,22 @@ class PodSpeeds:
         min_samples: int = 8,
         max_factor: float = 4.0,
         max_pods: int = 4096,
+        evidence_z: float = 2.0,
     ) -> None:
         if window < 1 or not 1 <= min_samples <= window or not max_factor >= 1:
             raise ValueError("pod speeds: 1 <= min_samples <= window, max_factor >= 1")
+        if not evidence_z >= 0:
+            raise ValueError("pod speeds: evidence_z must be >= 0")
         self.window = window
         self.min_samples = min_samples
         self.max_factor = max_factor
+        self.evidence_z = evidence_z
+        self._log_max = math.log(max_factor)
+        # Per pair, its last ratios' logs (clamped to +-log max_factor).
         self._ratios: BoundedLRU[tuple[str, str], deque[float]] = BoundedLRU(max_pods)
-        # Per model: each counted pod's log raw speed, and their mean (the log of the
-        # geometric mean the factors are relative to).
-        self._log_speeds: dict[str, dict[str, float]] = {}
-        self._log_mean: dict[str, float] = {}
+        # Per model, each counted pod's (log raw speed, its standard error).
+        self._speeds: dict[str, dict[str, tuple[float, float]]] = {}
+        self._factors: dict[tuple[str, str], float] = {}
         # The last scaled model per pair: (base it was scaled from, factor, scaled).
         self._scaled: dict[tuple[str, str], tuple[CostModel, float, CostModel]] = {}
 
@@ -80,38 +97,35 @@ class PodSpeeds:
     def observe(self, model: str, pod: str, observed_s: float, predicted_s: float) -> None:
         """Add one finished request on ``pod``: the compute time it waited and took
         (``observed_s``) and what the model predicts for it on an average pod."""
-        ratio = max(0.0, observed_s) / max(predicted_s, _MIN_PREDICTED_S)
+        ratio = max(observed_s, 0.0) / max(predicted_s, _MIN_PREDICTED_S)
+        log_ratio = math.log(ratio) if ratio > 0 else -self._log_max
         key = (model, pod)
         ratios = self._ratios.touch(key)  # a pod still serving stays
         if ratios is None:
             ratios = deque(maxlen=self.window)
             self._ratios.put(key, ratios)
             self._forget_evicted()
-        ratios.append(ratio)
+        ratios.append(min(max(log_ratio, -self._log_max), self._log_max))
         if len(ratios) >= self.min_samples:
-            low, high = 1.0 / self.max_factor, self.max_factor
-            speeds = self._log_speeds.setdefault(model, {})
-            speeds[pod] = math.log(min(max(median(ratios), low), high))
-            self._log_mean[model] = fmean(speeds.values())
+            speed = median(ratios)
+            spread = median(abs(r - speed) for r in ratios)
+            error = _SE_PER_MAD * spread / math.sqrt(len(ratios))
+            self._speeds.setdefault(model, {})[pod] = (speed, error)
+            self._refactor(model)
 
     def factor(self, model: str, pod: str) -> float:
         """How many times the model's average pod's compute time ``pod`` takes (1: not
-        known yet)."""
-        speeds = self._log_speeds.get(model)
-        log_speed = None if speeds is None else speeds.get(pod)
-        if log_speed is None:
-            return 1.0
-        factor = math.exp(log_speed - self._log_mean[model])
-        return min(max(factor, 1.0 / self.max_factor), self.max_factor)
+        known yet, or not told apart from the average)."""
+        return self._factors.get((model, pod), 1.0)
 
     def scaled(self, model: str, pod: str, cost: CostModel) -> CostModel:
         """``cost`` with ``pod``'s compute costs times its factor (``cost`` itself at 1).
         The scaled model is kept until the base or the factor changes: a request's pick
         asks once per candidate pod."""
-        factor = self.factor(model, pod)
+        key = (model, pod)
+        factor = self._factors.get(key, 1.0)
         if factor == 1.0:
             return cost
-        key = (model, pod)
         kept = self._scaled.get(key)
         if kept is not None and kept[0] is cost and kept[1] == factor:
             return kept[2]
@@ -119,16 +133,34 @@ class PodSpeeds:
         self._scaled[key] = (cost, factor, scaled)
         return scaled
 
+    def _refactor(self, model: str) -> None:
+        """Each counted pod's factor: its log speed less the mean of the model's pods',
+        moved ``evidence_z`` standard errors towards 0 (a pod no further than that from
+        the average is the average)."""
+        speeds = self._speeds.get(model)
+        if not speeds:
+            return
+        mean = fmean(speed for speed, _ in speeds.values())
+        for pod, (speed, error) in speeds.items():
+            offset = speed - mean
+            shrunk = max(0.0, abs(offset) - self.evidence_z * error)
+            factor = math.exp(min(shrunk, self._log_max) * (1 if offset > 0 else -1))
+            if factor == 1.0:
+                self._factors.pop((model, pod), None)
+            else:
+                self._factors[(model, pod)] = factor
+
     def _forget_evicted(self) -> None:
         """Drop what pairs the bounded LRU evicted leave behind. Run when a pair is
         added (a new pod or model: rare), so nothing here outgrows the LRU."""
         live = set(self._ratios)
-        for stale in [key for key in self._scaled if key not in live]:
-            del self._scaled[stale]
-        for model, speeds in list(self._log_speeds.items()):
+        for kept in (self._factors, self._scaled):
+            for stale in [key for key in kept if key not in live]:
+                del kept[stale]
+        for model, speeds in list(self._speeds.items()):
             for pod in [pod for pod in speeds if (model, pod) not in live]:
                 del speeds[pod]
             if speeds:
-                self._log_mean[model] = fmean(speeds.values())
+                self._refactor(model)
             else:
-                del self._log_speeds[model], self._log_mean[model]
+                del self._speeds[model]

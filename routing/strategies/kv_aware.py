@@ -118,6 +118,7 @@ class KvAware(Strategy):
         eviction_weight: float = 1.0,
         roomy_share: float = 0.25,
         pod_speeds: bool = True,
+        pod_speed_evidence_z: float = 2.0,
     ) -> None:
         """``cost_model``: default for every model; ``models``: per served-model-name
         overrides laid over it; ``calibration``: ``Calibrator`` keyword options
@@ -126,7 +127,9 @@ class KvAware(Strategy):
         by predicted TTFT alone); ``roomy_share``: the share of a pod's L0 below which
         writing evicts nothing (0: every write is priced as evicting); ``pod_speeds``:
         price each pod at its own observed speed relative to the calibrated model (off,
-        or calibration off: every pod alike)."""
+        or calibration off: every pod alike); ``pod_speed_evidence_z``: how many
+        standard errors a pod's speed must stand from the average's to count
+        (``routing.pod_speed``)."""
         if not eviction_weight >= 0:
             raise ValueError("kv-aware: eviction_weight must be >= 0")
         if not 0 <= roomy_share <= 1:
@@ -143,7 +146,9 @@ class KvAware(Strategy):
         self.calibrate = calibrate
         self._calibration = dict(calibration or {})
         self._calibrators: BoundedLRU[str, Calibrator] = BoundedLRU(max_models)
-        self.speeds: PodSpeeds | None = PodSpeeds() if calibrate and pod_speeds else None
+        self.speeds: PodSpeeds | None = (
+            PodSpeeds(evidence_z=pod_speed_evidence_z) if calibrate and pod_speeds else None
+        )
         Calibrator(self.default_cost, **self._calibration)  # bad options fail at start-up
 
     def bounds(self) -> dict[str, Bound]:
