@@ -30,9 +30,11 @@ from gateway.in_flight import limits_of
 from gateway.kv import EventsNotShared
 from gateway.openai_body import parse_body
 from kvindex.events.http_ingest import BadEventsBody
+from routing.strategies.kv_aware import KvAware
 
 if TYPE_CHECKING:
     from gateway.state import Gateway
+    from routing.core import RoutingCore
 
 
 def admin_routes() -> list[Route]:
@@ -173,7 +175,9 @@ async def pods(request: Request) -> Response:
     """Every pod this worker knows, as routing sees it now (sglang-router's and
     vllm-router's worker listing): whether it is in rotation, the models and adapters it
     serves, the requests routers have in flight on it (with ``--workers`` or shared load,
-    every worker's and replica's), and the queue gauges last scraped from it."""
+    every worker's and replica's), the queue gauges last scraped from it, and per model
+    how many times its average pod's compute kv-aware prices it at (``speed``; a pod
+    not told apart from the average is not listed)."""
     gw = _admin(request)
     load = gw.router.core.load
     listed = []
@@ -192,8 +196,19 @@ async def pods(request: Request) -> Response:
                        "kv_capacity_blocks": engine.kv_capacity_blocks},
             "failed_probes": pod.failed_probes,
             "failed_requests": pod.failed_requests,
+            "speed": pod_speeds(gw.router.core, pod.name),
         })  # fmt: skip
     return JSONResponse({"pods": listed})
+
+
+def pod_speeds(core: RoutingCore, pod: str) -> dict[str, float]:
+    """``pod``'s speed factor per model from the core's kv-aware strategies (the
+    strategies as they are now: a reload may have replaced them)."""
+    speeds: dict[str, float] = {}
+    for strategy in core.strategies():
+        if isinstance(strategy, KvAware) and strategy.speeds is not None:
+            speeds.update(strategy.speeds.of_pod(pod))
+    return {model: round(factor, 3) for model, factor in sorted(speeds.items())}
 
 
 async def bounds(request: Request) -> Response:

@@ -118,6 +118,11 @@ class PodSpeeds:
         known yet, or not told apart from the average)."""
         return self._factors.get((model, pod), 1.0)
 
+    def of_pod(self, pod: str) -> dict[str, float]:
+        """``pod``'s factor per model it is told apart from the average for (an admin
+        listing; O(pairs))."""
+        return {model: factor for (model, name), factor in self._factors.items() if name == pod}
+
     def scaled(self, model: str, pod: str, cost: CostModel) -> CostModel:
         """``cost`` with ``pod``'s compute costs times its factor (``cost`` itself at 1).
         The scaled model is kept until the base or the factor changes: a request's pick

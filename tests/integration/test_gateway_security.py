@@ -90,6 +90,7 @@ def test_an_admin_key_lists_the_pods_as_routing_sees_them(locked, fleet):
     ]
     assert sum(p["in_flight"] for p in listed) == 1
     assert all(p["engine"]["kv_capacity_blocks"] > 0 for p in listed)  # scraped
+    assert all(p["speed"] == {} for p in listed)  # no pod told apart from the average yet
 
 
 def test_a_pod_posts_its_own_events_with_its_events_key_and_no_other_pods(locked, fleet):

@@ -79,6 +79,17 @@ def test_the_scaled_model_scales_compute_not_tier_loads_and_is_reused():
     assert speeds.scaled("m", "a", refit).prefill_s(1000) == pytest.approx(6.0)
 
 
+def test_a_pods_factors_are_listed_per_model_it_is_told_apart_for():
+    speeds = PodSpeeds(window=2, min_samples=2)
+    for model in ("m", "n"):
+        _feed(speeds, "a", 4.0, 2, model)
+        _feed(speeds, "b", 1.0, 2, model)
+    _feed(speeds, "c", 1.0, 2, "o")  # alone: the average of its model
+    assert speeds.of_pod("a") == {"m": pytest.approx(2.0), "n": pytest.approx(2.0)}
+    assert speeds.of_pod("b") == {"m": pytest.approx(0.5), "n": pytest.approx(0.5)}
+    assert speeds.of_pod("c") == {}
+
+
 def test_pairs_beyond_the_capacity_are_forgotten_with_their_speeds():
     speeds = PodSpeeds(window=1, min_samples=1, max_pods=2)
     _feed(speeds, "a", 4.0, 1)
