@@ -152,7 +152,8 @@ class KvAware(Strategy):
         Calibrator(self.default_cost, **self._calibration)  # bad options fail at start-up
 
     def bounds(self) -> dict[str, Bound]:
-        """Calibrators, one per model seen (a full 128-point window is ~17 kB)."""
+        """Calibrators, one per model seen (a full 128-point window is ~17 kB), and the
+        pods' speeds, one per (model, pod) seen."""
         cal = self._calibrators
         bounds = {"calibrators": Bound(len(cal), cal.capacity, "models", 17_000)}
         if self.speeds is not None:
@@ -300,7 +301,7 @@ class KvAware(Strategy):
         if accepted and self.speeds is not None and point is not None:
             # The pod's compute (queue and prefill, tier loads out) against an average
             # pod's, from the point the calibrator took as an average pod's.
-            uncached, running, prefill_s = point
+            uncached, _, prefill_s = point
             cached_s = (prompt - uncached) * fitted.prefill_s_per_cached_token
             observed_s = speed * (prefill_s + cached_s) + queue_s
             average_s = (queue_s / speed + fitted.prefill_s(uncached)
