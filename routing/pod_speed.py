@@ -3,8 +3,8 @@
 The calibrator (``routing.calibration``) fits one cost model per model from every pod's
 requests, so it predicts an average pod. Pods of one model are not equally fast: on
 two CPU cores running two vLLM pods, the gateway and the load generator, one pod's
-requests at the same in-flight count came out 27% faster than predicted and the
-other's 46% slower (``kvgate bench real``, chat at concurrency 8); on three pods, two
+TTFTs at the same in-flight count were predicted 27% low and the other's 46% high
+(``kvgate bench real``, chat at concurrency 8); on three pods, two
 of which share a core, the pod with a core of its own was over-predicted by 27-56% in
 every cell and the other two under-predicted by 10-41% (docs/real-engines.md). GPU
 fleets have the same spread where pods differ in card, clocks, tensor-parallel width or
