@@ -29,8 +29,8 @@ from gateway.http_limits import read_limited
 from gateway.in_flight import limits_of
 from gateway.kv import EventsNotShared
 from gateway.openai_body import parse_body
+from gateway.scale_out import kv_aware_strategies
 from kvindex.events.http_ingest import BadEventsBody
-from routing.strategies.kv_aware import KvAware
 
 if TYPE_CHECKING:
     from gateway.state import Gateway
@@ -202,11 +202,10 @@ async def pods(request: Request) -> Response:
 
 
 def pod_speeds(core: RoutingCore, pod: str) -> dict[str, float]:
-    """``pod``'s speed factor per model from the core's kv-aware strategies (the
-    strategies as they are now: a reload may have replaced them)."""
+    """``pod``'s speed factor per model from the core's kv-aware strategies."""
     speeds: dict[str, float] = {}
-    for strategy in core.strategies():
-        if isinstance(strategy, KvAware) and strategy.speeds is not None:
+    for strategy in kv_aware_strategies(core):
+        if strategy.speeds is not None:
             speeds.update(strategy.speeds.of_pod(pod))
     return {model: round(factor, 3) for model, factor in sorted(speeds.items())}
 

@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # imported when Redis is in use: redis-py pulls in OpenTeleme
     from gateway.fleet_load import FleetLoadExchange
     from kvindex.redis_store import RedisStore
     from routing.calibration import Calibrator
+    from routing.strategies.kv_aware import KvAware
 
 
 @dataclass
@@ -165,9 +166,14 @@ def _namespace_store(settings: Settings) -> RedisStore:
     return RedisStore(idx.redis_url, namespace=idx.namespace, cluster=idx.redis_cluster)
 
 
-def kv_aware_calibrators(core: RoutingCore) -> list[tuple[str, Calibrator]]:
-    """Every model's calibrator of the core's kv-aware strategies (the strategies as
-    they are now: a reload may have replaced them)."""
+def kv_aware_strategies(core: RoutingCore) -> list[KvAware]:
+    """The core's kv-aware strategies as they are now (a reload may have replaced
+    them)."""
     from routing.strategies.kv_aware import KvAware
 
-    return [pair for s in core.strategies() if isinstance(s, KvAware) for pair in s.calibrators()]
+    return [s for s in core.strategies() if isinstance(s, KvAware)]
+
+
+def kv_aware_calibrators(core: RoutingCore) -> list[tuple[str, Calibrator]]:
+    """Every model's calibrator of the core's kv-aware strategies."""
+    return [pair for s in kv_aware_strategies(core) for pair in s.calibrators()]
