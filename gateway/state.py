@@ -173,7 +173,7 @@ async def running_gateway(
         registry.on_admit(kv.pod_admitted)
         registry.on_eject(kv.pod_ejected)
         registry.on_remove(kv.pod_removed)
-        registry.on_remove(core.load.forget)
+        registry.on_remove(core.forget_pod)  # the load view in use then, and strategies
         registry.on_remove(metrics.forget_pod)
         # Adapters come and go: a model no pod serves takes its series and state with it.
         registry.on_models_gone(lambda gone: metrics.forget_models(gone, registry.known_models()))

@@ -189,6 +189,13 @@ class RoutingCore:
             req.session_key = session_key()
         return req
 
+    def forget_pod(self, pod: str) -> None:
+        """``pod`` left the fleet (discovery removed it): its load counts and what each
+        strategy learnt about it go."""
+        self.load.forget(pod)
+        for strategy in self.strategies():
+            strategy.forget_pod(pod)
+
     def bounds(self) -> dict[str, Bound]:
         """Every bounded memory of the strategies, and the load tracker's pods."""
         out = {"load.pods": self.load.bound()}

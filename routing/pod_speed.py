@@ -138,6 +138,18 @@ class PodSpeeds:
         self._scaled[key] = (cost, factor, scaled)
         return scaled
 
+    def forget_pod(self, pod: str) -> None:
+        """``pod`` left the fleet: its ratios go, and the model's other pods' factors
+        are taken relative to the pods that remain. Kept, a removed pod would stay in
+        its model's geometric mean until the LRU evicted it, and a new pod (at factor 1
+        until it has ``min_samples`` ratios) would be priced off by its share of it.
+        O(pairs): a pod leaves the fleet rarely."""
+        gone = [key for key in self._ratios if key[1] == pod]
+        for key in gone:
+            self._ratios.pop(key)
+        if gone:
+            self._forget_evicted()
+
     def _refactor(self, model: str) -> None:
         """Each counted pod's factor: its log speed less the mean of the model's pods',
         moved ``evidence_z`` standard errors towards 0 (a pod no further than that from
@@ -156,8 +168,9 @@ class PodSpeeds:
                 self._factors[(model, pod)] = factor
 
     def _forget_evicted(self) -> None:
-        """Drop what pairs the bounded LRU evicted leave behind. Run when a pair is
-        added (a new pod or model: rare), so nothing here outgrows the LRU."""
+        """Drop what pairs the bounded LRU evicted (or ``forget_pod`` removed) leave
+        behind. Run when a pair is added or a pod leaves (rare), so nothing here
+        outgrows the LRU."""
         live = set(self._ratios)
         for kept in (self._factors, self._scaled):
             for stale in [key for key in kept if key not in live]:

@@ -165,6 +165,12 @@ class Strategy(abc.ABC):
         """Feedback after the request finished (calibration, affinity memory)."""
         return None
 
+    def forget_pod(self, pod: str) -> None:
+        """``pod`` left the fleet for good: drop what the strategy learnt about it
+        (nothing by default; bounded memories would evict it in time, but a removed
+        pod's state can skew how the remaining pods are priced until then)."""
+        return None
+
     def bounds(self) -> dict[str, Bound]:
         """How full each memory the strategy keeps is (none by default)."""
         return {}

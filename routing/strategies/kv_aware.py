@@ -160,6 +160,12 @@ class KvAware(Strategy):
             bounds["pod_speeds"] = self.speeds.bound()
         return bounds
 
+    def forget_pod(self, pod: str) -> None:
+        """The removed pod's speeds go; the model's other pods are then priced relative
+        to the pods that remain."""
+        if self.speeds is not None:
+            self.speeds.forget_pod(pod)
+
     def cost_model(self, model: str) -> CostModel:
         """The model's current cost model (calibrated if calibration is on)."""
         if not self.calibrate:

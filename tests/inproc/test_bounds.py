@@ -32,6 +32,21 @@ async def test_a_removed_pod_leaves_no_load_counters_or_metric_series(pod_a, pod
         assert g.metric("kvgate_requests_total", pod="pod-b") == 1
 
 
+async def test_a_removed_pod_leaves_kv_awares_pod_speeds(pod_a, pod_b):
+    from gateway.scale_out import kv_aware_strategies
+
+    async with inproc_gateway(pod_a, pod_b, strategy="kv-aware") as g:
+        (kv,) = kv_aware_strategies(g.gw.router.core)
+        assert kv.speeds is not None
+        for _ in range(8):  # pod-a takes twice the average pod's time, pod-b half
+            kv.speeds.observe("m", "pod-a", observed_s=0.2, predicted_s=0.1)
+            kv.speeds.observe("m", "pod-b", observed_s=0.05, predicted_s=0.1)
+        assert kv.speeds.factor("m", "pod-b") < 1.0
+        await g.gw.registry.remove("pod-a")
+        assert kv.speeds.of_pod("pod-a") == {}
+        assert kv.speeds.factor("m", "pod-b") == 1.0  # the only pod left: the average
+
+
 async def test_a_local_tokenizers_caches_are_listed_with_what_they_hold(pod_a):
     from bench.tinymodel import ensure_tokenizer
     from tests.inproc.scripted_pod import MODEL

@@ -103,6 +103,35 @@ def test_pairs_beyond_the_capacity_are_forgotten_with_their_speeds():
     assert (bound.size, bound.capacity) == (2, 2)
 
 
+def test_a_removed_pod_leaves_its_models_average():
+    speeds = PodSpeeds(window=2, min_samples=2)
+    _feed(speeds, "gone", 4.0, 2)
+    _feed(speeds, "b", 1.0, 2)
+    _feed(speeds, "c", 1.0, 2)
+    _feed(speeds, "gone", 4.0, 2, "n")
+    assert speeds.factor("m", "b") < 1.0  # priced against a mean that counts "gone"
+    speeds.forget_pod("gone")
+    assert speeds.of_pod("gone") == {} and speeds.bound().size == 2
+    assert speeds.factor("m", "b") == speeds.factor("m", "c") == 1.0
+    speeds.forget_pod("never-seen")  # nothing to drop
+    assert speeds.bound().size == 2
+
+
+def test_the_routing_core_forgets_a_removed_pods_load_and_speeds():
+    from routing.core import RoutingCore
+
+    kv = KvAware(cost_model=SIMPLE)
+    core = RoutingCore(kv)
+    assert kv.speeds is not None
+    _feed(kv.speeds, "a", 2.0, 8)
+    _feed(kv.speeds, "b", 0.5, 8)
+    core.load.start("a", prefill_tokens=10).finish()
+    assert "a" in core.load  # its idle counters stay until the pod leaves
+    core.forget_pod("a")
+    assert "a" not in core.load
+    assert kv.speeds.of_pod("a") == {} and kv.speeds.factor("m", "b") == 1.0
+
+
 def test_a_pod_is_not_told_apart_from_the_average_within_its_own_spread():
     # Two pods whose ratios scatter alike (a quarter either way, as a real pod's do);
     # "a" is 10% slower in the median. That is inside two standard errors of their
