@@ -120,7 +120,7 @@ def _add_real(sub: argparse._SubParsersAction) -> None:
                    help="WORKLOAD@LOAD,...: chat, rag, users, users-shuffled; closed:N, "
                    "poisson:QPS or poisson:N%% (N%% of the pods' capacity for that workload, "
                    "measured at the start: its requests from 16 closed-loop users through "
-                   "round-robin)")  # fmt: skip
+                   "round-robin, the median of three probes)")  # fmt: skip
     p.add_argument("--routers", default=",".join(ROUTERS),
                    help="kvgate strategies and PEER:POLICY, comma-separated")  # fmt: skip
     p.add_argument("--kv-options", type=json.loads, help="kv-aware options as JSON "

@@ -326,16 +326,24 @@ def _run_on_pods(
 CAPACITY_USERS = 16
 CAPACITY_ROUTER = "round-robin"
 CAPACITY_SEED = -2  # prompts no measured cell (seed >= 0) and no warm-up (-1) gets
+# Probes per workload, each with prompts of its own (seeds -2, -3, ...): the capacity is
+# their median. One probe lasts ~2 s, and this machine switches between two speeds
+# ~1.7x apart every few seconds: a single probe measured the speed of its moment (the
+# users-shuffled probe gave 50.1 req/s on one run and 60.7 on the next, which sent that
+# run's "67%" cells at 40.7 req/s, past what the pods serve in a slow stretch).
+CAPACITY_PROBES = 3
 
 
 @dataclass
 class Capacity:
-    """Requests/s the pods completed of one workload with a closed loop keeping them busy."""
+    """Requests/s the pods completed of one workload with a closed loop keeping them
+    busy: the median of ``probes_rps`` (one probe's count and span beside it)."""
 
     workload: str
     rps: float
     requests: int
     seconds: float
+    probes_rps: list[float] = field(default_factory=list)
 
 
 def capacity_share(load: str) -> float | None:
@@ -359,23 +367,32 @@ def completed_rps(results: Sequence[RequestResult]) -> tuple[float, int, float]:
     return (len(ok) / span if span > 0 else 0.0), len(ok), span
 
 
-def measure_capacity(plan: RealPlan, specs: list[str], urls: list[str], name: str) -> Capacity:
+def measure_capacity(
+    plan: RealPlan, specs: list[str], urls: list[str], name: str, probes: int = CAPACITY_PROBES
+) -> Capacity:
     """What the pods serve of workload ``name`` when never idle: its requests from
-    ``CAPACITY_USERS`` closed-loop users through round-robin, over the time they took.
+    ``CAPACITY_USERS`` closed-loop users through round-robin, over the time they took;
+    the median of ``probes`` such probes, each with prompts of its own.
 
     Why measured and not a fixed rate: this machine's speed changes within the hour
     (the pods measured 34 to 544 µs a token at the start of runs days apart), so a fixed
     8 req/s left the pods nearly idle on fast days and past capacity on slow ones;
-    "two thirds of capacity" has to be found on the day."""
+    "two thirds of capacity" has to be found on the day. Why a median of several: the
+    speed also changes within seconds (``CAPACITY_PROBES``)."""
     cell = capacity_cell(name)
-    workload = make_workload(name, prompt_seed(CAPACITY_SEED, CAPACITY_ROUTER, cell))
-    reset_caches(urls)
     load = Load.parse(cell.partition("@")[2])
-    out = _run_on_pods(plan, specs, workload, load, CAPACITY_ROUTER, CAPACITY_SEED)
-    rps, n, seconds = completed_rps(out.results)
-    if rps <= 0:
-        raise RuntimeError(f"capacity probe of {name!r} completed {n} requests: {out.skipped}")
-    return Capacity(name, rps, n, seconds)
+    runs: list[tuple[float, int, float]] = []
+    for probe in range(probes):
+        seed = CAPACITY_SEED - probe
+        workload = make_workload(name, prompt_seed(seed, CAPACITY_ROUTER, cell))
+        reset_caches(urls)
+        out = _run_on_pods(plan, specs, workload, load, CAPACITY_ROUTER, seed)
+        rps, n, seconds = completed_rps(out.results)
+        if rps <= 0:
+            raise RuntimeError(f"capacity probe of {name!r} completed {n} requests: {out.skipped}")
+        runs.append((rps, n, seconds))
+    rps, n, seconds = sorted(runs)[len(runs) // 2]  # the median (the upper one of two)
+    return Capacity(name, rps, n, seconds, [r for r, _, _ in runs])
 
 
 def capacity_cell(workload: str) -> str:
@@ -408,7 +425,8 @@ def resolve_rates(
     def probe(name: str) -> float:
         cap = capacities[name] = measure_capacity(plan, specs, urls, name)
         console.print(
-            f"capacity of {name}: {cap.rps:.2f} req/s ({cap.requests} requests in "
+            f"capacity of {name}: {cap.rps:.2f} req/s, the median of "
+            f"{', '.join(f'{r:.2f}' for r in cap.probes_rps)} ({cap.requests} requests in "
             f"{cap.seconds:.1f} s, {CAPACITY_USERS} closed-loop users, {CAPACITY_ROUTER})"
         )
         return cap.rps
@@ -613,7 +631,14 @@ def _capacity_sentence(cells: Sequence[RealCell], capacities: dict[str, Capacity
         if c.rate_rps is not None and capacity_share(c.load) is not None
     }
     measured = "; ".join(
-        f"{c.workload} {c.rps:.2f} req/s ({c.requests} requests in {c.seconds:.1f} s)"
+        f"{c.workload} {c.rps:.2f} req/s ({c.requests} requests in {c.seconds:.1f} s"
+        + (
+            f"; the median of {len(c.probes_rps)} probes: "
+            + ", ".join(f"{r:.2f}" for r in c.probes_rps)
+            if len(c.probes_rps) > 1
+            else ""
+        )
+        + ")"
         for c in capacities.values()
     )
     sent = ", ".join(f"{cell} {rate:.2f} req/s" for cell, rate in rates.items())

@@ -427,20 +427,48 @@ def test_a_share_of_capacity_is_read_from_poisson_percent_loads_only():
             capacity_share(bad)
 
 
+def test_the_capacity_is_the_median_of_probes_with_prompts_of_their_own(monkeypatch):
+    import bench.real_fleet as rf
+    from bench.loadgen import RequestResult
+
+    seeds, prompts = [], []
+    per_seed = {-2: 50.0, -3: 40.0, -4: 60.0}  # requests/s of each probe's 96 requests
+
+    def run(plan, specs, workload, load, router, seed):
+        seeds.append(seed)
+        prompts.append(workload.sessions[0][0])
+        span = 96 / per_seed[seed]
+        results = [RequestResult(i, True, sent_s=0.0, e2e_s=span * (i + 1) / 96)
+                   for i in range(96)]  # fmt: skip
+        return rf.Cell("users", "L0", "closed:16", router, results=results)
+
+    monkeypatch.setattr(rf, "_run_on_pods", run)
+    monkeypatch.setattr(rf, "reset_caches", lambda urls: None)
+    capacity = rf.measure_capacity(rf.RealPlan(), [], [], "users")
+    assert seeds == [-2, -3, -4]  # never a measured cell's (>= 0) or the warm-up's (-1)
+    assert len({repr(p) for p in prompts}) == 3
+    assert capacity.probes_rps == [pytest.approx(50.0), pytest.approx(40.0), pytest.approx(60.0)]
+    assert capacity.rps == pytest.approx(50.0) and capacity.requests == 96
+
+
 def test_the_report_says_what_capacity_a_percent_cell_ran_at(tmp_path):
     from bench.calibrate import PrefillFit
     from bench.real_fleet import Capacity, RealPlan, write_report
 
     cells = [RealCell("users", "poisson:67%", "kv-aware", 0, p50_ms=20, p90_ms=40, p99_ms=60,
                       cached=0.9, per_pod=[48, 48], rate_rps=4.02)]  # fmt: skip
-    capacities = {"users": Capacity("users", 6.0, 96, 16.0)}
+    capacities = {"users": Capacity("users", 6.0, 96, 16.0, [5.5, 6.0, 7.25])}
     write_report(RealPlan(), PrefillFit(0.001, 20_000.0, ()), {}, cells, summarize(cells),
                  tmp_path, capacities)  # fmt: skip
     report = (tmp_path / "report.md").read_text()
-    assert "users 6.00 req/s (96 requests in 16.0 s)" in report
+    assert (
+        "users 6.00 req/s (96 requests in 16.0 s; the median of 3 probes: 5.50, 6.00, 7.25)"
+        in report
+    )
     assert "sent at users@poisson:67% 4.02 req/s" in report
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["capacities"]["users"]["rps"] == 6.0
+    assert results["capacities"]["users"]["probes_rps"] == [5.5, 6.0, 7.25]
     # The plot's link must survive a Markdown renderer: no "%" escape in its name.
     assert "![real-users-poisson-67pct.png](real-users-poisson-67pct.png)" in report
     assert (tmp_path / "real-users-poisson-67pct.png").exists()
