@@ -413,6 +413,16 @@ class KVEventSubscriber:
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+        # vLLM sends its whole buffer back to back and its ROUTER drops what is past
+        # its high-water mark (1,000 messages) instead of waiting: with ZMQ's default
+        # 1,000 here too, a 10,000-batch history of ~1 KB batches (more than the
+        # loopback's socket buffers) arrived 45% whole, its end marker lost, and the
+        # first live frame then replayed the gap while requests were served (each
+        # replay holds the pod's publisher thread for its whole buffer). Taking every
+        # batch we would keep as it comes leaves nothing for the pod to drop. (ZMQ's
+        # pipe counts messages, not bytes, at its default as here: what is kept is
+        # bounded by ``replay_max_bytes``, and the pipe goes with the socket.)
+        dealer.setsockopt(zmq.RCVHWM, self.replay_max_batches + 1)  # and the end marker
         dealer.connect(st.replay_endpoint)
         try:
             async with asyncio.timeout(self.replay_timeout_s * 10):

@@ -88,6 +88,9 @@ class Publisher:
         return seq
 
     async def _serve_replay(self):
+        # As vLLM's publisher thread does: every buffered batch sent at once, never
+        # waiting for the client (a ROUTER drops what is past its high-water mark).
+        router = zmq.Socket.shadow(self.router.underlying)
         while True:
             client, _, start = await self.router.recv_multipart()
             if not self.answer_replays:
@@ -96,8 +99,8 @@ class Publisher:
             head = [client, b""] if self.old else [client, b"", self.topic]
             for seq, buf in list(self.buffer):
                 if seq >= start_seq:
-                    await self.router.send_multipart([*head, seq.to_bytes(8, "big"), buf])
-            await self.router.send_multipart([*head[:2], b"", END, b""])
+                    router.send_multipart([*head, seq.to_bytes(8, "big"), buf])
+            router.send_multipart([*head[:2], b"", END, b""])
 
     async def close(self):
         self.task.cancel()
@@ -381,6 +384,34 @@ async def test_warm_start_replays_an_idle_pods_history_before_any_live_frame(ctx
     assert (sub.stats[0]["last_seq"], sub.stats[0]["replays"]) == (2, 1)
     await sub.stop()
     await pub.close()
+
+
+async def test_a_long_history_sent_at_once_is_replayed_whole(ctx):
+    # vLLM keeps 10,000 batches and sends them back to back; its ROUTER drops what is
+    # past its high-water mark (1,000 messages). A client that reads no faster than its
+    # own default 1,000 lost most of a long history and then, on the first live frame,
+    # replayed the gap again while requests were being served (each replay also holds
+    # the pod's publisher thread, and the GIL, for the whole buffer).
+    pub, store = Publisher(ctx), RecordingStore()
+    history = 10_000
+    # ~1 KB a batch, as a real pod's (a block stored, and blocks it never held evicted):
+    # 10 MB in all, more than the loopback's socket buffers take at once.
+    evicted = {"type": "BlockRemoved", "block_hashes": list(range(2**60, 2**60 + 100)),
+               "medium": "GPU"}  # fmt: skip
+    for i in range(history):
+        await pub.publish(stored(i % 10), evicted, live=False)
+    sub = await connected_subscriber(pub, store, warm_start=True)
+    try:
+        await asyncio.wait_for(sub.warmed.wait(), 5.0)
+        stats = sub.stats[0]
+        assert (stats["replayed_batches"], stats["last_seq"]) == (history, history - 1)
+        assert stats["replay_timeouts"] == 0  # the end marker came too
+        await pub.publish(stored(0))  # the next live frame: no gap, no second replay
+        await wait_until(lambda: sub.stats[0]["last_seq"] == history)
+        assert (sub.stats[0]["replays"], sub.stats[0]["lost_batches"]) == (1, 0)
+    finally:
+        await sub.stop()
+        await pub.close()
 
 
 async def test_live_frames_the_warm_replay_delivered_are_dropped_and_later_ones_applied(ctx):
