@@ -94,6 +94,11 @@ VARIANTS = {
     "sglang-balance": Variant(
         "sglang-balance", strategy_options={"prefix-aware": {"balance_abs_threshold": 64}}
     ),
+    # No start-up replay of the pods' KV-event history (`index.warm_start` off): the
+    # index learns only what the pods store after the gateway connects.
+    "no-warm-start": Variant(
+        "no-warm-start", gateway_settings={"KVGATE_INDEX__WARM_START": "false"}
+    ),
     # A stream's headers sent as soon as the pod's arrive (`stream_headers_early`): the
     # client's response set-up overlaps the prefill; no retry after them.
     "early-headers": Variant(
