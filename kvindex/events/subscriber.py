@@ -71,6 +71,10 @@ MAX_FRAME_BYTES = 16 * 1024 * 1024
 # 16k tokens); a longer history is cut here and counted (``RankStats.replays_cut``).
 MAX_REPLAY_BYTES = 256 * 1024 * 1024
 
+# Further replays a start-up replay with a hole asks for, from the hole on (each one
+# bounded as the first: ``replay_max_batches``, ``replay_max_bytes``).
+_WARM_REFETCHES = 2
+
 # ZMQ reports its retry (CONNECT_RETRIED) right after a DISCONNECTED it will retry;
 # after a protocol error (a frame over MAXMSGSIZE, a broken frame) it never retries,
 # and the SUB socket would stay deaf without a reconnect of our own.
@@ -284,6 +288,19 @@ class KVEventSubscriber:
         in it; those the replay covered are then dropped as duplicates."""
         try:
             replayed = await self._replay(st, 0)
+            for _ in range(_WARM_REFETCHES):
+                run = _contiguous_run(replayed)
+                if not run or run[-1] >= max(replayed):
+                    break
+                # A hole: the pod's ROUTER dropped part of the history (it drops what
+                # is past its high-water mark; on a busy machine this process's I/O
+                # thread may not drain the socket in time). Ask again from the hole,
+                # before /ready, rather than on the first live frame under traffic.
+                more = await self._replay(st, run[-1] + 1)
+                if not more:
+                    break
+                for seq, payload in more.items():
+                    replayed.setdefault(seq, payload)
             run = _contiguous_run(replayed)
             for seq in run:
                 await self._apply(st, Frame(seq=seq, payload=replayed[seq]))
