@@ -345,6 +345,10 @@ class Capacity:
     seconds: float
     probes_rps: list[float] = field(default_factory=list)
 
+    def probes_text(self) -> str:
+        """Each probe's requests/s, in the order they ran (for the log and the report)."""
+        return ", ".join(f"{rps:.2f}" for rps in self.probes_rps)
+
 
 def capacity_share(load: str) -> float | None:
     """The share of capacity a ``poisson:N%`` load asks for (N / 100); None for others."""
@@ -426,7 +430,7 @@ def resolve_rates(
         cap = capacities[name] = measure_capacity(plan, specs, urls, name)
         console.print(
             f"capacity of {name}: {cap.rps:.2f} req/s, the median of "
-            f"{', '.join(f'{r:.2f}' for r in cap.probes_rps)} ({cap.requests} requests in "
+            f"{cap.probes_text()} ({cap.requests} requests in "
             f"{cap.seconds:.1f} s, {CAPACITY_USERS} closed-loop users, {CAPACITY_ROUTER})"
         )
         return cap.rps
@@ -633,8 +637,7 @@ def _capacity_sentence(cells: Sequence[RealCell], capacities: dict[str, Capacity
     measured = "; ".join(
         f"{c.workload} {c.rps:.2f} req/s ({c.requests} requests in {c.seconds:.1f} s"
         + (
-            f"; the median of {len(c.probes_rps)} probes: "
-            + ", ".join(f"{r:.2f}" for r in c.probes_rps)
+            f"; the median of {len(c.probes_rps)} probes: {c.probes_text()}"
             if len(c.probes_rps) > 1
             else ""
         )
