@@ -406,11 +406,17 @@ async def test_a_long_history_sent_at_once_is_replayed_whole(ctx):
     try:
         await asyncio.wait_for(sub.warmed.wait(), 5.0)
         stats = sub.stats[0]
-        assert (stats["replayed_batches"], stats["last_seq"]) == (history, history - 1)
-        assert stats["replay_timeouts"] == 0  # the end marker came too
-        await pub.publish(stored(0))  # the next live frame: no gap, no second replay
+        assert stats["last_seq"] == history - 1
+        # The end marker came, in every replay asked. On a busy machine this process's
+        # ZMQ I/O thread can still fall behind the publisher and leave a hole, which
+        # one more replay from the hole fills (below); the default queue of 1,000 lost
+        # the end marker twice and needed two or three replays, every time.
+        assert stats["replay_timeouts"] == 0
+        replays = stats["replays"]
+        assert replays <= 2
+        await pub.publish(stored(0))  # the next live frame: no gap, no further replay
         await wait_until(lambda: sub.stats[0]["last_seq"] == history)
-        assert (sub.stats[0]["replays"], sub.stats[0]["lost_batches"]) == (1, 0)
+        assert (sub.stats[0]["replays"], sub.stats[0]["lost_batches"]) == (replays, 0)
     finally:
         await sub.stop()
         await pub.close()
@@ -433,6 +439,50 @@ async def test_a_hole_in_the_start_up_replay_is_fetched_again_before_ready(ctx):
         await wait_until(lambda: sub.stats[0]["last_seq"] == 10)
         assert (sub.stats[0]["replays"], sub.stats[0]["gaps"]) == (2, 0)
     finally:
+        await sub.stop()
+        await pub.close()
+
+
+class SlowStore(RecordingStore):
+    """An index whose every apply takes 1 ms of the loop's thread without suspending
+    (as the memory index's never suspends), recording how often a request got its
+    turn on the loop in between."""
+
+    def __init__(self):
+        super().__init__()
+        self.turns = 0  # times the other task ran
+        self.turns_at_apply: list[int] = []
+
+    async def apply(self, pod, ops):
+        self.turns_at_apply.append(self.turns)
+        time.sleep(0.001)
+        await super().apply(pod, ops)
+
+
+async def _take_turns(store):
+    while True:
+        await asyncio.sleep(0)
+        store.turns += 1
+
+
+@pytest.mark.parametrize("warm_start", [True, False], ids=["warm-start", "first-live-frame"])
+async def test_a_replayed_history_is_applied_in_slices_that_let_requests_in(ctx, warm_start):
+    # A whole history applied in one go held the loop for 4.2 s (10,000 batches), on
+    # start-up and whenever a pod's history is replayed under traffic.
+    pub, store = Publisher(ctx), SlowStore()
+    for i in range(60):
+        await pub.publish(stored(i % 10), live=False)
+    others = asyncio.create_task(_take_turns(store))
+    sub = await connected_subscriber(pub, store, warm_start=warm_start)
+    try:
+        if not warm_start:
+            await pub.publish(stored(0))  # the first live frame asks for the history
+        await wait_until(lambda: sub.stats[0]["last_seq"] == 60 - warm_start)
+        applied = store.turns_at_apply[-(60 - warm_start) :]  # the replayed batches'
+        # 60 ms of applying, given up every 5 ms: the other task ran during it.
+        assert applied[-1] - applied[0] >= 5
+    finally:
+        others.cancel()
         await sub.stop()
         await pub.close()
 
