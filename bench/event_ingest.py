@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import multiprocessing
 import random
 import threading
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 import zmq
@@ -161,3 +164,115 @@ async def measure_live_batches(
     if received() == 0:
         raise RuntimeError("no live batch arrived")
     return 1e6 * cpu / received()
+
+
+REPLAY_BUFFER = 10_000  # vLLM's default ``buffer_steps``: the history a pod keeps
+
+
+def pod_history(batches: int, block_size: int) -> list[bytes]:
+    """A pod's KV-event history: ``batches`` batches of one 1,600-token prompt each
+    (at block size 32; the mix of ``make_payloads``), the real-fleet benchmark's size."""
+    blocks = 1600 // block_size
+    payloads, _ = make_payloads(batches * blocks * 2, block_size, blocks_per_request=blocks)
+    return payloads[:batches]
+
+
+def _serve_history(port: int, batches: int, block_size: int, ready: Any) -> None:
+    """A pod's replay endpoint in a process of its own, as vLLM's: a ROUTER at ZMQ's
+    default high-water mark that answers a request with every kept batch from its
+    start seq on, back to back (dropping what the client cannot take in time), then
+    the end marker."""
+    payloads = pod_history(batches, block_size)
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.bind(f"tcp://127.0.0.1:{port}")
+    ready.set()
+    end = (2**64 - 1).to_bytes(8, "big")
+    while True:
+        client, _, start = router.recv_multipart()
+        if start == b"stop":
+            break
+        first = int.from_bytes(start, "big")
+        for seq in range(first, len(payloads)):
+            router.send_multipart([client, b"", b"kv", seq.to_bytes(8, "big"), payloads[seq]])
+        router.send_multipart([client, b"", b"", end, b""])
+    router.close(linger=0)
+    ctx.term()
+
+
+@dataclass(frozen=True, slots=True)
+class WarmStart:
+    batches: int  # the pod's history
+    payload_bytes: int  # its mean batch
+    seconds: float  # subscriber started → warm
+    applied: int  # batches applied (the history's, when whole)
+    replays: int  # 1: the history arrived whole; more: holes asked for again
+    timeouts: int  # replays that ended on the idle timeout (end marker lost)
+    longest_stall_ms: float  # the event loop's longest wait for its turn meanwhile
+
+
+async def measure_warm_start(
+    store: IndexStore, batches: int = REPLAY_BUFFER, block_size: int = 32
+) -> WarmStart:
+    """A gateway's start-up replay of one pod's full history (``pod_history``): what
+    ``/ready`` waits for. The pod is another process, its ROUTER vLLM's."""
+    from prometheus_client import CollectorRegistry
+
+    from bench.ports import free_port
+    from kvindex.events.subscriber import KVEventSubscriber
+    from kvindex.metrics import EventMetrics
+
+    port = free_port()
+    mp = multiprocessing.get_context("spawn")
+    ready = mp.Event()
+    pod = mp.Process(target=_serve_history, args=(port, batches, block_size, ready), daemon=True)
+    pod.start()
+    sample = pod_history(8, block_size)
+    mean_bytes = sum(len(p) for p in sample) // len(sample)
+    try:
+        if not await asyncio.to_thread(ready.wait, 60):
+            raise RuntimeError("the history's publisher did not start")
+        endpoint = f"tcp://127.0.0.1:{port}"
+        sub = KVEventSubscriber("bench-pod", f"tcp://127.0.0.1:{free_port()}", endpoint,
+                                BlockKeyer("bench-model", block_size), store,
+                                EventMetrics(CollectorRegistry()), topic="kv",
+                                map_capacity=4 * (1600 // block_size) * batches,
+                                warm_start=True)  # fmt: skip
+        stalls = asyncio.create_task(_longest_stall(sub.warmed))
+        started = time.perf_counter()
+        await sub.start()
+        await sub.warmed.wait()
+        seconds = time.perf_counter() - started
+        longest_stall = await stalls
+        stats = sub.stats[0]
+        await sub.stop()
+    finally:
+        ctx = zmq.Context()
+        stop = ctx.socket(zmq.DEALER)
+        stop.connect(f"tcp://127.0.0.1:{port}")
+        stop.send_multipart([b"", b"stop"])
+        pod.join(10)
+        if pod.is_alive():
+            pod.kill()
+        stop.close(linger=0)
+        ctx.term()
+    return WarmStart(
+        batches=batches,
+        payload_bytes=mean_bytes,
+        seconds=seconds,
+        applied=int(stats["batches"]),  # type: ignore[call-overload]
+        replays=int(stats["replays"]),  # type: ignore[call-overload]
+        timeouts=int(stats["replay_timeouts"]),  # type: ignore[call-overload]
+        longest_stall_ms=1000 * longest_stall,
+    )
+
+
+async def _longest_stall(done: asyncio.Event, tick_s: float = 0.001) -> float:
+    """How much later than asked a ``tick_s`` timer ran at worst until ``done``: what
+    a request or a probe arriving meanwhile would have waited for the loop."""
+    worst = 0.0
+    while not done.is_set():
+        asked = time.perf_counter()
+        await asyncio.sleep(tick_s)
+        worst = max(worst, time.perf_counter() - asked - tick_s)
+    return worst

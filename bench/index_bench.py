@@ -25,7 +25,12 @@ import uvloop
 from rich.console import Console
 from rich.table import Table
 
-from bench.event_ingest import measure_ingestion, measure_live_batches
+from bench.event_ingest import (
+    WarmStart,
+    measure_ingestion,
+    measure_live_batches,
+    measure_warm_start,
+)
 from bench.index_lookup import print_index_bench, run_index_bench
 from bench.redis_server import REDIS_SERVER, running_redis
 from kvindex.events.engine_map import DEFAULT_CAPACITY, EngineKeyMap
@@ -74,6 +79,14 @@ def run_index_benchmarks(
     console.print(
         f"Live KV events over ZMQ, one-block batches at 100/s into a MemoryStore: "
         f"{live_us:.0f} µs of the event loop's CPU a batch"
+    )
+    warm = uvloop.run(_warm_start())
+    console.print(
+        f"Warm start from a pod's full KV-event history ({warm.batches:,} batches of "
+        f"~{warm.payload_bytes / 1024:.1f} KiB, sent back to back by a ROUTER in another "
+        f"process, as vLLM's): warm in {warm.seconds:.2f} s, {warm.applied:,} batches "
+        f"applied, {warm.replays} replay(s) asked ({warm.timeouts} ended on the idle "
+        f"timeout); the event loop waited {warm.longest_stall_ms:.0f} ms at most"
     )
     per_key = memory_per_key()
     console.print(f"MemoryStore: {per_key:,.0f} bytes per key held by two pods (tracemalloc)")
@@ -190,6 +203,15 @@ async def _live_batches() -> float:
     store = MemoryStore(capacity_keys=1_000_000)
     try:
         return await measure_live_batches(store)
+    finally:
+        await store.close()
+
+
+async def _warm_start() -> WarmStart:
+    """``measure_warm_start`` into a fresh store (under uvloop, the gateway's loop)."""
+    store = MemoryStore(capacity_keys=4_000_000)
+    try:
+        return await measure_warm_start(store)
     finally:
         await store.close()
 

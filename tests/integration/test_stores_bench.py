@@ -8,9 +8,10 @@ import uuid
 import pytest
 from rich.console import Console
 
-from bench.event_ingest import measure_live_batches
+from bench.event_ingest import measure_live_batches, measure_warm_start, pod_history
 from bench.index_lookup import IndexBenchRow, print_index_bench, run_index_bench
 from bench.redis_server import RedisServer
+from kvindex.events.vllm_adapter import decode_payload
 from kvindex.keyer import BlockKeyer
 from kvindex.memory_store import MemoryStore
 from kvindex.redis_store import RedisStore
@@ -62,3 +63,16 @@ async def test_the_live_event_benchmark_applies_every_batch_it_times():
     assert us > 0
     keys = BlockKeyer("bench-model", 16).keys(list(range(40 * 16)))
     assert store.match_now(keys, 16).for_pod("bench-pod").l0 == 40
+
+
+async def test_the_warm_start_benchmark_replays_the_pods_whole_history_from_another_process():
+    """``kvgate bench index``'s warm-start line: the history a vLLM-like ROUTER in
+    another process sends back to back reaches the store whole before it is timed."""
+    store = MemoryStore(capacity_keys=200_000)
+    warm = await measure_warm_start(store, batches=200, block_size=32)
+    assert (warm.batches, warm.applied) == (200, 200)
+    assert warm.replays >= 1 and warm.seconds > 0 and warm.longest_stall_ms >= 0
+    last_prompt = decode_payload(pod_history(200, 32)[-1]).events[0]
+    keys = BlockKeyer("bench-model", 32).keys(last_prompt.token_ids)
+    # its first block was evicted from GPU after its copy to CPU (the history's mix)
+    assert store.match_now(keys, 32).for_pod("bench-pod").l0_l1 == len(keys) > 0
