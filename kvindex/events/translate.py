@@ -79,6 +79,10 @@ class EventTranslator:
         self._unknown = m.unknown_hashes.labels(pod=pod)
         self._mismatch = m.block_size_mismatches.labels(pod=pod)
         self._decode_errors = m.decode_errors.labels(pod=pod)
+        # ``events_applied``'s children by (type, normalized medium): a bounded set (3
+        # types x 5 media), looked up once each instead of per event (``labels()``
+        # was 13% of a replayed history's apply time).
+        self._applied: dict[tuple[str, str], Any] = {}
 
     def reset(self) -> None:
         """Forget learned hashes (engine restarted: its hashes may be seeded anew)."""
@@ -104,9 +108,12 @@ class EventTranslator:
         return ops
 
     def _count(self, kind: str, medium: str | None) -> None:
-        self.metrics.events_applied.labels(
-            type=kind, medium=normalize_medium(medium), pod=self.pod
-        ).inc()
+        key = (kind, normalize_medium(medium))
+        child = self._applied.get(key)
+        if child is None:
+            child = self.metrics.events_applied.labels(type=kind, medium=key[1], pod=self.pod)
+            self._applied[key] = child
+        child.inc()
 
     def _indexed(self, group_idx: int | None) -> bool:
         return group_idx is None or group_idx in self.groups

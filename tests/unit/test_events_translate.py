@@ -138,6 +138,24 @@ async def test_all_blocks_cleared_drops_the_pods_l0_and_l1():
     assert sample(registry, "kvgate_kv_events_applied_total", **labels) == 1
 
 
+async def test_applied_events_are_counted_every_time_per_type_and_medium():
+    ing, _, registry = setup()
+    await ing.apply_payload(payload(stored([1, 2], None, TOKENS[:8])))
+    await ing.apply_payload(payload(stored([3], 2, TOKENS[8:12]), removed([1])))
+    await ing.apply_payload(payload(stored([2], None, [], "CPU", block_size=0)))
+    for medium in ("disk-42", "tape", "GPU"):  # unknown media are skipped, not counted
+        await ing.apply_payload(payload(removed([3], medium=medium)))
+        await ing.apply_payload(payload(stored([3], 2, TOKENS[8:12])))
+
+    def applied(kind, medium):
+        return sample(registry, "kvgate_kv_events_applied_total", type=kind, medium=medium, pod="p")
+
+    assert applied("BlockStored", "GPU") == 5
+    assert applied("BlockStored", "CPU") == 1
+    assert (applied("BlockRemoved", "GPU"), applied("BlockRemoved", "other")) == (2, 0)
+    assert ing.translator(0).stats.ignored == 2
+
+
 async def test_unknown_hashes_are_counted_and_skipped():
     ing, store, registry = setup()
     await ing.apply_payload(payload(removed([404, 405]), stored([9], 404, TOKENS[:4])))
