@@ -443,6 +443,30 @@ async def test_a_hole_in_the_start_up_replay_is_fetched_again_before_ready(ctx):
         await pub.close()
 
 
+@pytest.mark.parametrize("seen_live", [0, 3], ids=["first-live-frame", "gap"])
+async def test_a_hole_in_a_replay_under_traffic_is_fetched_again(ctx, seen_live):
+    # A replay from 0 after a reconnect that looks like a restart is as long as a
+    # start-up one, and the pod drops from it alike.
+    pub, store = Publisher(ctx), RecordingStore()
+    sub = await connected_subscriber(pub, store) if seen_live else None
+    for i in range(10):
+        await pub.publish(stored(i), live=i < seen_live)  # the rest lost to the socket
+    if sub is None:
+        sub = await connected_subscriber(pub, store)
+    else:
+        await wait_until(lambda: sub.stats[0]["last_seq"] == seen_live - 1)
+    pub.drop_in_next_replay = {5, 6}
+    try:
+        await pub.publish(stored(0))  # live: the history, or the gap, is replayed
+        await wait_until(lambda: sub.stats[0]["last_seq"] == 10)
+        stats = sub.stats[0]
+        assert (stats["replays"], stats["lost_batches"]) == (2, 0)  # one more, from 5
+        assert stored_keys(store) == KEYER.keys(TOKENS) + KEYER.keys(TOKENS[:4])
+    finally:
+        await sub.stop()
+        await pub.close()
+
+
 class SlowStore(RecordingStore):
     """An index whose every apply takes 1 ms of the loop's thread without suspending
     (as the memory index's never suspends), recording how often a request got its
