@@ -16,6 +16,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import Counter
+
 from kvindex.events.engine_map import DEFAULT_CAPACITY, EngineKeyMap, key_list, positions, tail
 from kvindex.events.types import EngineBatch, EngineCleared, EngineRemoved, EngineStored
 from kvindex.events.vllm_adapter import tier_of
@@ -82,7 +84,7 @@ class EventTranslator:
         # ``events_applied``'s children by (type, normalized medium): a bounded set (3
         # types x 5 media), looked up once each instead of per event (``labels()``
         # was 13% of a replayed history's apply time).
-        self._applied: dict[tuple[str, str], Any] = {}
+        self._applied: dict[tuple[str, str], Counter] = {}
 
     def reset(self) -> None:
         """Forget learned hashes (engine restarted: its hashes may be seeded anew)."""
