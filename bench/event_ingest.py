@@ -172,8 +172,8 @@ REPLAY_BUFFER = 10_000  # vLLM's default ``buffer_steps``: the history a pod kee
 def pod_history(batches: int, block_size: int) -> list[bytes]:
     """A pod's KV-event history: ``batches`` batches of one 1,600-token prompt each,
     the real-fleet benchmark's prompt length (the mix of ``make_payloads``, its token
-    ids from a 150k vocabulary: ~9 KiB a batch at block size 32, where the tiny
-    model's 32k vocabulary makes ~5)."""
+    ids from a 150k vocabulary, as a production model's: ~9 KiB a batch at block
+    size 32)."""
     blocks = 1600 // block_size
     payloads, _ = make_payloads(batches * blocks * 2, block_size, blocks_per_request=blocks)
     return payloads[:batches]
