@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import zmq
@@ -480,7 +481,13 @@ class KVEventSubscriber:
         dealer.connect(st.replay_endpoint)
         try:
             async with asyncio.timeout(self.replay_timeout_s * 10):
-                return await self._read_replay(st, dealer, start)
+                # Received through the blocking API, drained without waiting while
+                # messages are queued, as the live socket is: with an awaited poll and
+                # receive per message, receiving a 10,000-batch history (~9 KiB a
+                # batch) took 0.77 s here; drained, 0.18-0.25 s (``kvgate bench
+                # index``'s warm-start line).
+                receive = zmq.Socket.shadow(dealer.underlying).recv_multipart
+                return await self._read_replay(st, dealer, receive, start)
         except TimeoutError:
             st.stats.replay_timeouts += 1
             return {}
@@ -488,15 +495,16 @@ class KVEventSubscriber:
             dealer.close(linger=0)
 
     async def _read_replay(
-        self, st: _RankState, dealer: zmq.asyncio.Socket, start: int
+        self,
+        st: _RankState,
+        dealer: zmq.asyncio.Socket,
+        receive: Callable[[int], list[bytes]],
+        start: int,
     ) -> dict[int, bytes]:
-        """Replies until the end marker, an idle timeout, or the batch or byte bound."""
+        """Replies until the end marker, an idle timeout, or the batch or byte bound.
+        ``receive(zmq.NOBLOCK)`` takes a queued reply or raises ``zmq.Again``;
+        ``dealer`` sends the request and is polled when nothing is queued."""
         await dealer.send_multipart(replay_request(start))
-        # Received through the blocking API, drained without waiting while messages are
-        # queued, as the live socket is: with an awaited poll and receive per message,
-        # receiving a 10,000-batch history (~9 KiB a batch) took 0.77 s here; drained,
-        # 0.18-0.25 s (``kvgate bench index``'s warm-start line).
-        receive = zmq.Socket.shadow(dealer.underlying).recv_multipart
         out: dict[int, bytes] = {}
         held = 0  # payload bytes received (a seq sent twice counts twice: a bound)
         idle_ms = int(self.replay_timeout_s * 1000)

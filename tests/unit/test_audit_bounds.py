@@ -68,7 +68,7 @@ class EndlessReplay:
     async def poll(self, timeout_ms: int, flags: int) -> bool:
         return True
 
-    async def recv_multipart(self) -> list[bytes]:
+    def receive(self, flags: int = 0) -> list[bytes]:
         self.seq += 1
         return [b"", encode_seq(self.seq), self.payload]
 
@@ -79,7 +79,8 @@ async def test_a_replay_holds_at_most_its_byte_bound_whatever_the_pod_sends():
                             BlockKeyer("m", BS), RecordingStore(), replay_max_batches=1_000,
                             replay_max_bytes=64 * 2**20)  # fmt: skip
     st = sub._ranks[0]
-    replayed = await sub._read_replay(st, EndlessReplay(2**20), 0)  # type: ignore[arg-type]
+    pod = EndlessReplay(2**20)
+    replayed = await sub._read_replay(st, pod, pod.receive, 0)  # type: ignore[arg-type]
     assert sum(map(len, replayed.values())) <= 64 * 2**20
     assert len(replayed) == 64 and st.stats.replays_cut == 1
     assert MAX_REPLAY_BYTES == 256 * 2**20  # the default
