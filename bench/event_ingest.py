@@ -23,6 +23,7 @@ import msgspec
 import zmq
 
 from kvindex.events.ingest import PodIngestor
+from kvindex.events.wire import END_SEQ, encode_seq
 from kvindex.keyer import MASK64, BlockKeyer
 from kvindex.store import IndexStore
 
@@ -167,6 +168,7 @@ async def measure_live_batches(
 
 
 REPLAY_BUFFER = 10_000  # vLLM's default ``buffer_steps``: the history a pod keeps
+HISTORY_PROMPT_TOKENS = 1600  # each batch of ``pod_history``: the real-fleet prompts'
 
 
 def pod_history(batches: int, block_size: int) -> list[bytes]:
@@ -174,7 +176,7 @@ def pod_history(batches: int, block_size: int) -> list[bytes]:
     the real-fleet benchmark's prompt length (the mix of ``make_payloads``, its token
     ids from a 150k vocabulary, as a production model's: ~9 KiB a batch at block
     size 32)."""
-    blocks = 1600 // block_size
+    blocks = HISTORY_PROMPT_TOKENS // block_size
     payloads, _ = make_payloads(batches * blocks * 2, block_size, blocks_per_request=blocks)
     return payloads[:batches]
 
@@ -189,15 +191,14 @@ def _serve_history(port: int, batches: int, block_size: int, ready: Any) -> None
     router = ctx.socket(zmq.ROUTER)
     router.bind(f"tcp://127.0.0.1:{port}")
     ready.set()
-    end = (2**64 - 1).to_bytes(8, "big")
     while True:
         client, _, start = router.recv_multipart()
         if start == b"stop":
             break
         first = int.from_bytes(start, "big")
         for seq in range(first, len(payloads)):
-            router.send_multipart([client, b"", b"kv", seq.to_bytes(8, "big"), payloads[seq]])
-        router.send_multipart([client, b"", b"", end, b""])
+            router.send_multipart([client, b"", b"kv", encode_seq(seq), payloads[seq]])
+        router.send_multipart([client, b"", b"", encode_seq(END_SEQ), b""])
     router.close(linger=0)
     ctx.term()
 
@@ -238,7 +239,7 @@ async def measure_warm_start(
         sub = KVEventSubscriber("bench-pod", f"tcp://127.0.0.1:{free_port()}", endpoint,
                                 BlockKeyer("bench-model", block_size), store,
                                 EventMetrics(CollectorRegistry()), topic="kv",
-                                map_capacity=4 * (1600 // block_size) * batches,
+                                map_capacity=4 * (HISTORY_PROMPT_TOKENS // block_size) * batches,
                                 warm_start=True)  # fmt: skip
         stalls = asyncio.create_task(_longest_stall(sub.warmed))
         started = time.perf_counter()
