@@ -18,15 +18,16 @@ import random
 import time
 import tracemalloc
 import uuid
+from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import TypeVar
 
 import uvloop
 from rich.console import Console
 from rich.table import Table
 
 from bench.event_ingest import (
-    WarmStart,
     measure_ingestion,
     measure_live_batches,
     measure_warm_start,
@@ -38,6 +39,8 @@ from kvindex.memory_store import MemoryStore
 from kvindex.redis_store import RedisStore
 from kvindex.store import IndexStore, Stored
 from kvindex.types import Tier
+
+T = TypeVar("T")
 
 
 def run_index_benchmarks(
@@ -67,7 +70,9 @@ def run_index_benchmarks(
                     factory, block_size=block_size, n_lookups=lookups, n_ingest_blocks=ingest_blocks
                 )
             )
-            event_rates[name] = asyncio.run(_event_rate(factory(), ingest_blocks, block_size))
+            event_rates[name] = asyncio.run(
+                _measured(factory(), lambda s: measure_ingestion(s, ingest_blocks, block_size))
+            )
         print_index_bench(rows, console)
         table = Table(title="KV-event ingestion, vLLM wire frames → decode → translate → apply")
         table.add_column("backend")
@@ -75,12 +80,13 @@ def run_index_benchmarks(
         for name, rate in event_rates.items():
             table.add_row(name, f"{rate:,.0f}")
         console.print(table)
-    live_us = uvloop.run(_live_batches())
+    # Under uvloop, the gateway's loop: these two measure what events cost the loop.
+    live_us = uvloop.run(_measured(MemoryStore(capacity_keys=1_000_000), measure_live_batches))
     console.print(
         f"Live KV events over ZMQ, one-block batches at 100/s into a MemoryStore: "
         f"{live_us:.0f} µs of the event loop's CPU a batch"
     )
-    warm = uvloop.run(_warm_start())
+    warm = uvloop.run(_measured(MemoryStore(capacity_keys=4_000_000), measure_warm_start))
     console.print(
         f"Warm start from a pod's full KV-event history ({warm.batches:,} batches of "
         f"~{warm.payload_bytes / 1024:.1f} KiB, sent back to back by a ROUTER in another "
@@ -198,26 +204,9 @@ def memory_per_key(chains: int = 800, blocks: int = 128) -> float:
         tracemalloc.stop()
 
 
-async def _live_batches() -> float:
-    """``measure_live_batches`` into a fresh store (run under uvloop, the gateway's loop)."""
-    store = MemoryStore(capacity_keys=1_000_000)
+async def _measured(store: IndexStore, measure: Callable[[IndexStore], Awaitable[T]]) -> T:
+    """``measure(store)``, the store closed afterwards whatever happened."""
     try:
-        return await measure_live_batches(store)
-    finally:
-        await store.close()
-
-
-async def _warm_start() -> WarmStart:
-    """``measure_warm_start`` into a fresh store (under uvloop, the gateway's loop)."""
-    store = MemoryStore(capacity_keys=4_000_000)
-    try:
-        return await measure_warm_start(store)
-    finally:
-        await store.close()
-
-
-async def _event_rate(store: IndexStore, n_blocks: int, block_size: int) -> float:
-    try:
-        return await measure_ingestion(store, n_blocks, block_size)
+        return await measure(store)
     finally:
         await store.close()
