@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from bench.sim.cache import InsertResult, LRUTier, max_hit_blocks
@@ -151,6 +151,24 @@ class PodTiming:
         tokens = [n for n, _ in self.prefill_curve]
         if tokens and (len(tokens) < 2 or tokens != sorted(set(tokens))):
             raise ValueError("a prefill curve needs >= 2 points in increasing token order")
+
+    def slowed(self, factor: float) -> PodTiming:
+        """This pod with every compute cost ``factor`` times as long: prefill (its fixed
+        cost, tokens, curve, what running and cached tokens add) and decode steps. Tier
+        loads are I/O and stay. A fleet of unequal pods (mixed cards, a pod sharing its
+        cores) is a fleet of slowed copies of one timing."""
+        if not factor > 0:
+            raise ValueError("a pod's slowdown must be > 0")
+        return replace(
+            self,
+            overhead_s=self.overhead_s * factor,
+            prefill_tokens_per_s=self.prefill_tokens_per_s / factor,
+            prefill_curve=tuple((n, s * factor) for n, s in self.prefill_curve),
+            itl_base_s=self.itl_base_s * factor,
+            itl_per_seq_s=self.itl_per_seq_s * factor,
+            prefill_s_per_running=self.prefill_s_per_running * factor,
+            prefill_s_per_cached_token=self.prefill_s_per_cached_token * factor,
+        )
 
     def compute_s(self, uncached_tokens: int, cached_tokens: int = 0) -> float:
         """The prefill of ``uncached_tokens`` behind ``cached_tokens`` already cached."""

@@ -76,7 +76,26 @@ def add_des_arguments(parser: argparse.ArgumentParser) -> None:
       help="with --preset: comma-separated seeds, one run each (default: --seed)")  # fmt: skip
     a("--event-delay-ms", type=float, default=0.0, help="KV event delay pod -> index")
     a("--scrape-interval-s", type=float, default=2.0, help="pod metrics refresh period")
+    a("--pod-slowdown", type=_slowdowns, default=(), metavar="F1,F2,...",
+      help="each pod's compute time as a multiple of the profile's, repeated over the "
+      "pods: 1.5,1 makes every other pod 1.5x slower (mixed cards, a pod sharing its "
+      "cores; default: all alike)")  # fmt: skip
     a("--out", type=Path, default=None, help="write summaries as JSON here")
+
+
+def _slowdowns(text: str) -> tuple[float, ...]:
+    factors = tuple(float(x) for x in text.split(",") if x.strip())
+    if not factors or not all(f > 0 for f in factors):
+        raise argparse.ArgumentTypeError("--pod-slowdown: positive numbers, like 1.5,1")
+    return factors
+
+
+def _slowdown_title(args: argparse.Namespace) -> str:
+    """How the pods differ, for a report's title ('' when all alike)."""
+    factors = args.pod_slowdown
+    if not factors or all(f == 1 for f in factors):
+        return ""
+    return f", pod compute time x{','.join(f'{f:g}' for f in factors)} (repeated over the pods)"
 
 
 def _spec(args: argparse.Namespace, tiers: str) -> DesPodSpec:
@@ -155,6 +174,7 @@ def _run(
         scrape_interval_s=args.scrape_interval_s,
         progress=lambda n: bar.update(task, completed=n),
         seed=seed,
+        pod_slowdowns=args.pod_slowdown,
     )
     return summarize_des(label, spec_tiers(spec), results, time.perf_counter() - started)
 
@@ -184,7 +204,7 @@ def run_trace(args: argparse.Namespace, strategies: list[str]) -> list[DesSummar
                 summaries.append(_run(args, requests, len(requests), pods, strategy, spec,
                                       options, None, bar, strategy))  # fmt: skip
     title = (f"DES: {len(requests)} requests, {pods} pods, profile {args.profile}, "
-             f"trace {args.trace.name}")  # fmt: skip
+             f"trace {args.trace.name}{_slowdown_title(args)}")  # fmt: skip
     print_des(summaries, title)
     return summaries
 
@@ -220,7 +240,7 @@ def run_preset(args: argparse.Namespace, strategies: list[str]) -> list[DesSumma
                         summaries.append(summary)
                         key = (f"{inp.workload} {inp.load}: {strategy}", tiers)
                         over_seeds.setdefault(key, []).append(summary)
-    title = f"DES: preset {args.preset}, {preset.pods} pods"
+    title = f"DES: preset {args.preset}, {preset.pods} pods{_slowdown_title(args)}"
     if len(args.seeds or []) > 1:  # one row per run is in --out
         print_over_seeds(over_seeds, f"{title}, seeds {','.join(map(str, args.seeds))}")
     else:
@@ -255,6 +275,7 @@ def run_real_cells(args: argparse.Namespace, strategies: list[str]) -> list[DesS
         f"DES: kvgate bench real's cells, {args.pods or 2} pods at "
         f"{fit.overhead_s * 1000:.1f} ms + {1e6 / fit.tokens_per_s:.1f} µs/token, a decode "
         f"step of {spec.timing.itl_base_s * 1000:.1f} ms waiting out prefills"
+        f"{_slowdown_title(args)}"
     )
     print_over_seeds(over_seeds, f"{title}, seeds {','.join(map(str, seeds))}")
     return summaries

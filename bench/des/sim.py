@@ -48,6 +48,7 @@ class FleetSim:
         index_capacity: int = 2_000_000,
         admission: AdmissionPolicy | None = None,
         seed: int = 0,
+        pod_slowdowns: Sequence[float] = (),
     ) -> None:
         if n_pods <= 0:
             raise ValueError("n_pods must be positive")
@@ -73,9 +74,9 @@ class FleetSim:
         self.strategy = self.core.strategy_for(model)
         self.l2 = MemoryL2(spec.l2_capacity_blocks) if spec.l2_capacity_blocks > 0 else None
         self.pods = [
-            DesPod(f"pod-{i}", spec, self.l2, self._at, self._publish, self._finished,
+            DesPod(f"pod-{i}", pod_spec, self.l2, self._at, self._publish, self._finished,
                    self._first_token, seed=seed)
-            for i in range(n_pods)
+            for i, pod_spec in enumerate(slowed_specs(spec, n_pods, pod_slowdowns))
         ]  # fmt: skip
         self._by_name = {p.name: p for p in self.pods}
         self._scraped: dict[str, EngineLoad] = {p.name: EngineLoad() for p in self.pods}
@@ -260,6 +261,17 @@ class FleetSim:
         self._loop(progress)
 
 
+def slowed_specs(spec: DesPodSpec, n_pods: int, slowdowns: Sequence[float]) -> list[DesPodSpec]:
+    """Each pod's spec: pod i's compute ``slowdowns[i % len(slowdowns)]`` times as long
+    as ``spec``'s (all alike when ``slowdowns`` is empty)."""
+    if not slowdowns:
+        return [spec] * n_pods
+    factors = [slowdowns[i % len(slowdowns)] for i in range(n_pods)]
+    return [
+        spec if f == 1 else dataclasses.replace(spec, timing=spec.timing.slowed(f)) for f in factors
+    ]
+
+
 def resolve_spec(profile: Profile | DesPodSpec | str, tiers: str, block_size: int) -> DesPodSpec:
     if isinstance(profile, DesPodSpec):
         return profile
@@ -283,6 +295,7 @@ def run_des(
     speculative_ttl_s: float = 3.0,
     progress: Progress | None = None,
     seed: int = 0,
+    pod_slowdowns: Sequence[float] = (),
 ) -> list[DesResult]:
     """Simulate ``workload_requests`` on ``n_pods`` pods routed by ``strategy``.
 
@@ -291,7 +304,9 @@ def run_des(
     ``DesPodSpec`` as ``profile`` fixes every pod setting (``tiers`` and
     ``block_size`` are then ignored). ``kv-aware`` gets the profile's cost model
     unless ``strategy_options`` say otherwise. ``seed`` seeds what the pods draw at
-    random (``PodTiming.step_phase_wait``). Results are in request order.
+    random (``PodTiming.step_phase_wait``). ``pod_slowdowns``: each pod's compute time
+    as a multiple of the spec's, repeated over the pods (``slowed_specs``). Results
+    are in request order.
     """
     spec = resolve_spec(profile, tiers, block_size)
     options = dict(strategy_options or {})
@@ -311,6 +326,7 @@ def run_des(
         scrape_interval_s=scrape_interval_s,
         speculative_ttl_s=speculative_ttl_s,
         seed=seed,
+        pod_slowdowns=pod_slowdowns,
     )
     if concurrency is None:
         sim.run_open(workload_requests, progress)  # type: ignore[arg-type]

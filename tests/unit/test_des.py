@@ -259,3 +259,54 @@ def test_a_preset_runs_in_the_des_with_the_fleet_benchmarks_prompts_arrivals_and
     rr = run_des(inp.requests, tiny.pods, "round-robin", spec)
     cached = [sum(r.cached_tokens for r in out) for out in (kv, rr)]
     assert cached[0] > cached[1] > 0
+
+
+def test_a_slowed_timing_takes_every_compute_cost_that_many_times_and_loads_as_before():
+    curved = PodTiming(
+        **{
+            **_fields(TIMING),
+            "prefill_curve": ((10, 0.2), (100, 1.1)),
+            "prefill_s_per_running": 0.003,
+            "prefill_s_per_cached_token": 0.0001,
+        }
+    )
+    for timing in (TIMING, curved):
+        slow = timing.slowed(2.5)
+        assert slow.compute_s(40, 12) == pytest.approx(2.5 * timing.compute_s(40, 12))
+        assert slow.beside_running_s(3) == pytest.approx(2.5 * timing.beside_running_s(3))
+        assert slow.itl_s(4) == pytest.approx(2.5 * timing.itl_s(4))
+        assert slow.load_s(64, 64) == timing.load_s(64, 64)  # tier loads are I/O
+    with pytest.raises(ValueError, match="slowdown"):
+        TIMING.slowed(0)
+
+
+def test_pod_slowdowns_repeat_over_the_fleet_and_slow_each_pods_prefill_and_decode():
+    # Round-robin, idle pods, slowdowns (2, 1) over three pods: pods 0 and 2 are 2x.
+    reqs = [req(10.0 * i, 40, 3, prefix=i + 1) for i in range(3)]
+    results = run_des(reqs, 3, "round-robin", spec(), pod_slowdowns=(2, 1))
+    fast = TIMING.compute_s(40)
+    assert [r.pod for r in results] == ["pod-0", "pod-1", "pod-2"]
+    assert [r.ttft_s for r in results] == pytest.approx([2 * fast, fast, 2 * fast])
+    decode = [r.e2e_s - r.ttft_s for r in results]
+    assert decode[0] == pytest.approx(2 * decode[1]) and decode[2] == pytest.approx(decode[0])
+
+
+def test_kv_aware_prices_a_slower_pod_at_its_own_speed():
+    # Cold prompts every 0.35 s on two pods, pod-0 2x slower (1.0 s a prefill against
+    # 0.5): priced at each pod's own speed (routing.pod_speed), kv-aware sends pod-0
+    # less, queues less and predicts within 15%; priced alike it mispredicts by a third.
+    reqs = [req(0.35 * i, 40, 2, prefix=i + 1) for i in range(80)]
+
+    def run(pod_speeds: bool) -> tuple[int, float, float]:
+        results = run_des(reqs, 2, "kv-aware", spec(), pod_slowdowns=(2, 1),
+                          strategy_options={"pod_speeds": pod_speeds})  # fmt: skip
+        on_slow = sum(r.pod == "pod-0" for r in results)
+        p90 = sorted(r.ttft_s for r in results)[71]
+        late = results[40:]  # once both pods have been measured
+        errors = sorted(abs(r.predicted_ttft_s - r.ttft_s) / r.ttft_s for r in late)
+        return on_slow, p90, errors[len(errors) // 2]
+
+    speeds, alike = run(True), run(False)
+    assert speeds[0] < alike[0]
+    assert speeds[1] < alike[1]
+    assert speeds[2] < 0.15 < 0.25 < alike[2]

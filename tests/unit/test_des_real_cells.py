@@ -185,3 +185,20 @@ def test_the_preset_rag_workload_takes_its_corpus_size_from_the_command(tmp_path
 def test_a_working_set_size_that_is_not_above_zero_is_refused(flag, k):
     with pytest.raises(SystemExit):
         _args("--preset", "quick", flag, k)
+
+
+def test_pod_slowdowns_reach_the_simulated_pods_and_the_reports_title(capsys):
+    args = _args("--real-cells", "users@poisson:8", "--seed", "0", "--pod-slowdown", "2,1")
+    assert args.pod_slowdown == (2.0, 1.0)
+    summaries = cli.run_real_cells(args, ["round-robin"])
+    assert "pod compute time x2,1" in capsys.readouterr().out
+    (alike,) = cli.run_real_cells(_args("--real-cells", "users@poisson:8", "--seed", "0"),
+                                  ["round-robin"])  # fmt: skip
+    # Round-robin sends pod-0 (2x slower) half the requests: the fleet's median TTFT rises.
+    assert summaries[0].ttft_p50_ms > 1.2 * alike.ttft_p50_ms
+
+
+@pytest.mark.parametrize("text", ["0", "1,-2", "", "fast"])
+def test_a_pod_slowdown_that_is_not_a_positive_number_is_refused(text):
+    with pytest.raises(SystemExit):
+        _args("--real-cells", "users@poisson:8", "--pod-slowdown", text)
