@@ -84,6 +84,8 @@ def add_des_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _slowdowns(text: str) -> tuple[float, ...]:
+    """``--pod-slowdown``'s value: positive factors, refused here with a usage error
+    rather than by ``PodTiming.slowed`` in the middle of a run."""
     factors = tuple(float(x) for x in text.split(",") if x.strip())
     if not factors or not all(f > 0 for f in factors):
         raise argparse.ArgumentTypeError("--pod-slowdown: positive numbers, like 1.5,1")

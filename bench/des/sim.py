@@ -32,7 +32,8 @@ Progress = Callable[[int], None]  # called with the number of requests finished 
 
 
 class FleetSim:
-    """One strategy, ``n_pods`` identical pods, one simulated clock."""
+    """One strategy, ``n_pods`` pods of one spec (each slowed by its ``pod_slowdowns``
+    factor, when given), one simulated clock."""
 
     def __init__(
         self,

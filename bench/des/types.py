@@ -57,7 +57,8 @@ class DesResult:
 
 @dataclass(frozen=True, slots=True)
 class DesPodSpec:
-    """Everything that defines one simulated pod in the DES (all pods alike)."""
+    """Everything that defines one simulated pod in the DES (the fleet's pods are alike
+    but for ``--pod-slowdown``, which slows a copy's timing: ``bench.des.sim.slowed_specs``)."""
 
     timing: PodTiming
     block_size: int
