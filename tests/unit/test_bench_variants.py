@@ -112,7 +112,7 @@ def test_the_des_runs_prefix_aware_sglang_balance_with_sglang_routers_gap(monkey
     monkeypatch.setattr(des_cli, "run_des", fake_run_des)
     monkeypatch.setattr(des_cli, "summarize_des", lambda *a: None)
     monkeypatch.setattr(des_cli, "spec_tiers", lambda spec: "L0")
-    args = argparse.Namespace(event_delay_ms=0.0, scrape_interval_s=2.0)
+    args = argparse.Namespace(event_delay_ms=0.0, scrape_interval_s=2.0, pod_slowdown=())
     des_cli._run(args, [], 0, 2, "prefix-aware/sglang-balance", None, {"capacity": 10},
                  None, Progress(disable=True), "cell")  # fmt: skip
     assert seen == {"strategy": "prefix-aware",
