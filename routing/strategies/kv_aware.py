@@ -122,14 +122,14 @@ class KvAware(Strategy):
     ) -> None:
         """``cost_model``: default for every model; ``models``: per served-model-name
         overrides laid over it; ``calibration``: ``Calibrator`` keyword options
-        (window, min_samples, refit_every, max_change); ``eviction_weight``: how many
-        times each L0 block a placement evicts is expected to be needed again (0: rank
-        by predicted TTFT alone); ``roomy_share``: the share of a pod's L0 below which
-        writing evicts nothing (0: every write is priced as evicting); ``pod_speeds``:
-        price each pod at its own observed speed relative to the calibrated model (off,
-        or calibration off: every pod alike); ``pod_speed_evidence_z``: how many
-        standard errors a pod's speed must stand from the average's to count
-        (``routing.pod_speed``)."""
+        (window, min_samples, refit_every, max_change, min_pair_tokens);
+        ``eviction_weight``: how many times each L0 block a placement evicts is expected
+        to be needed again (0: rank by predicted TTFT alone); ``roomy_share``: the
+        share of a pod's L0 below which writing evicts nothing (0: every write is priced
+        as evicting); ``pod_speeds``: price each pod at its own observed speed relative
+        to the calibrated model (off, or calibration off: every pod alike);
+        ``pod_speed_evidence_z``: how many standard errors a pod's speed must stand from
+        the average's to count (``routing.pod_speed``)."""
         if not eviction_weight >= 0:
             raise ValueError("kv-aware: eviction_weight must be >= 0")
         if not 0 <= roomy_share <= 1:
