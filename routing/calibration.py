@@ -20,7 +20,11 @@ backfitting two robust lines: Theil-Sen (median of pairwise slopes) of the resid
 one 100x outlier, a stalled pod or a clock hiccup barely moves it, where least squares
 or a plain EMA would swing. The pairs are a fixed sample of the sorted points (each
 with the points a quarter, a third, a half, ... of the window away), so a refit costs
-O(window log window) instead of window² on the request path. The fit is clamped within
+O(window log window) instead of window² on the request path. The slope on ``x`` counts
+only pairs at least ``min_pair_tokens`` (256) uncached tokens apart, and is kept as it
+was while fewer than two requests lie that far from each end: a window of cache hits
+a token or two apart holds nothing but the TTFT's noise about it (``MIN_PAIR_TOKENS``).
+The fit is clamped within
 ``max_change`` x of the base model and replaces it only after ``min_samples`` points
 (8; a slope from fewer points would be noise). Before that, from the first point on,
 only the fixed overhead is fitted (the median of what the base's slopes leave): the
@@ -45,6 +49,7 @@ since it was last called, ``adopt`` replaces the window with the fleet's.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right
 from collections import deque
 from dataclasses import replace
 from statistics import median
@@ -63,9 +68,10 @@ Point = tuple[int, int, float]
 # slower) it fell to the clamp, 1/20 of the true slope, and a ~2,000-token prefill on
 # another pod was predicted at 50 ms against 516, so kv-aware spilled documents there.
 MIN_PAIR_TOKENS = 256
-# The pairs that far apart must have at least this many distinct points at each end,
-# or the slope is kept: one cold prompt among cache hits gives a pair per span, all
-# sharing that one request's noise (a stalled one would set the slope).
+# At least this many requests must lie ``min_pair_tokens`` above the window's lowest
+# uncached count, and as many below its highest, or the slope is kept: one cold prompt
+# among cache hits gives a pair per span, all sharing that one request's noise (a
+# stalled one would set the slope).
 _MIN_PAIR_ENDS = 2
 
 
@@ -272,21 +278,20 @@ def _robust_slope(
 ) -> float | None:
     """Theil-Sen over a fixed sample of pairs: the median slope between each point (in
     x order) and the points a fixed share of the window further on, of the pairs at
-    least ``min_dx`` apart in x (and apart at all). None if no pair is, or if their
-    lower or their upper ends are fewer than ``min_ends`` distinct points."""
+    least ``min_dx`` apart in x (and apart at all). None if no pair is, or if fewer
+    than ``min_ends`` points lie ``min_dx`` below the highest x, or above the lowest."""
     pts = sorted(points)
     n = len(pts)
+    if n and min_dx > 0 and min_ends > 1:
+        xs = [x for x, _ in pts]
+        lower_ends = bisect_right(xs, xs[-1] - min_dx)
+        upper_ends = n - bisect_left(xs, xs[0] + min_dx)
+        if min(lower_ends, upper_ends) < min_ends:
+            return None
     slopes: list[float] = []
-    lower: set[int] = set()
-    upper: set[int] = set()
     for span in {max(1, round(n * share)) for share in _PAIR_SPANS}:
-        for i in range(n - span):
-            (x1, y1), (x2, y2) = pts[i], pts[i + span]
+        for (x1, y1), (x2, y2) in zip(pts, pts[span:], strict=False):
             dx = x2 - x1
             if dx > 0 and dx >= min_dx:
                 slopes.append((y2 - y1) / dx)
-                lower.add(i)
-                upper.add(i + span)
-    if not slopes or min(len(lower), len(upper)) < min_ends:
-        return None
-    return median(slopes)
+    return median(slopes) if slopes else None
