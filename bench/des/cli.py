@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -87,7 +88,7 @@ def _slowdowns(text: str) -> tuple[float, ...]:
     """``--pod-slowdown``'s value: positive factors, refused here with a usage error
     rather than by ``PodTiming.slowed`` in the middle of a run."""
     factors = tuple(float(x) for x in text.split(",") if x.strip())
-    if not factors or not all(f > 0 for f in factors):
+    if not factors or not all(0 < f < math.inf for f in factors):
         raise argparse.ArgumentTypeError("--pod-slowdown: positive numbers, like 1.5,1")
     return factors
 

@@ -198,7 +198,7 @@ def test_pod_slowdowns_reach_the_simulated_pods_and_the_reports_title(capsys):
     assert summaries[0].ttft_p50_ms > 1.2 * alike.ttft_p50_ms
 
 
-@pytest.mark.parametrize("text", ["0", "1,-2", "", "fast"])
+@pytest.mark.parametrize("text", ["0", "1,-2", "", "fast", "inf,1", "nan"])
 def test_a_pod_slowdown_that_is_not_a_positive_number_is_refused(text):
     with pytest.raises(SystemExit):
         _args("--real-cells", "users@poisson:8", "--pod-slowdown", text)
