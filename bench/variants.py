@@ -82,6 +82,9 @@ VARIANTS = {
     # Every pod priced at the model's average speed (``pod_speeds`` off): what pricing
     # each pod at its own observed speed (routing/pod_speed.py) buys.
     "one-speed": Variant("one-speed", kv_overrides={"pod_speeds": False}),
+    # Learning from each request at its stream's end, with the engine's cached count,
+    # instead of at its first token with the index's (``learn_at_first_token`` off).
+    "learn-at-end": Variant("learn-at-end", kv_overrides={"learn_at_first_token": False}),
     # Cached tokens cost nothing: the measured cost per cached token set to 0, so a
     # deep prefix hit is predicted as its new tokens alone (what kv-aware did before it
     # modelled attention over the cached keys).

@@ -541,7 +541,7 @@ class Proxy:
             return
         self._answering(a)
         a.ttft_s = time.perf_counter() - a.arrived
-        self._router.first_token(a.routed)
+        self._router.first_token(a.routed, a.ttft_s)
         if not started:
             await send(start)
         await send({"type": "http.response.body", "body": first, "more_body": True})

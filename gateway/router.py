@@ -153,8 +153,8 @@ class Router:
         if self._kv is not None:
             self._kv.flush_speculations()
 
-    def first_token(self, routed: Routed) -> None:
-        self.core.first_token(routed)
+    def first_token(self, routed: Routed, ttft_s: float | None = None) -> None:
+        self.core.first_token(routed, ttft_s)
         if self.on_load_change is not None:
             self.on_load_change(routed.request.model, False)
 

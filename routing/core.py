@@ -83,6 +83,9 @@ class Routed:
     # Time the request waited for admission before this dispatch: part of the TTFT its
     # client sees, none of the pod's, so the strategy learns from the TTFT without it.
     waited_s: float = 0.0
+    # The strategy learnt from this request at its first token (``learns_at_first_token``):
+    # its end observes nothing more.
+    observed: bool = False
 
     @property
     def pod(self) -> str:
@@ -254,9 +257,25 @@ class RoutingCore:
         return Routed(req, decision, strategy, self.load.start(decision.pod, prefill))
 
     @staticmethod
-    def first_token(routed: Routed) -> None:
-        """The pod sent the first token: the request's prefill share of the load ends."""
+    def first_token(routed: Routed, ttft_s: float | None = None) -> None:
+        """The pod sent the first token: the request's prefill share of the load ends.
+
+        Given the TTFT, a strategy that ``learns_at_first_token`` observes the request
+        now, with the prompt's counts its decision predicted (the engine reports its
+        cached count only in the usage at the stream's end), and not again at the end.
+        Only prompts the gateway tokenized: one it could not count waits for the usage."""
         routed.inflight.first_token()
+        strategy = routed.strategy
+        if (
+            ttft_s is None
+            or routed.observed
+            or not strategy.learns_at_first_token
+            or routed.request.prompt_tokens <= 0
+        ):
+            return
+        routed.observed = True
+        ttft_s = max(0.0, ttft_s - routed.waited_s)
+        strategy.observe(routed.request, routed.decision, Outcome(True, ttft_s))
 
     @staticmethod
     def finish(routed: Routed, outcome: Outcome | None) -> None:
@@ -268,7 +287,7 @@ class RoutingCore:
         if routed.inflight.finished:
             return
         routed.inflight.finish()
-        if outcome is None:
+        if outcome is None or routed.observed:
             return
         if routed.waited_s and outcome.ttft_s is not None:
             outcome = replace(outcome, ttft_s=max(0.0, outcome.ttft_s - routed.waited_s))

@@ -120,6 +120,9 @@ class Strategy(abc.ABC):
 
     name: ClassVar[str] = ""  # set by ``routing.strategy_registry.register``
     needs: ClassVar[frozenset[Need]] = frozenset()
+    # True: ``observe`` is called at the request's first token, with the TTFT and no
+    # engine-reported counts (``RoutingCore.first_token``), instead of at its end.
+    learns_at_first_token: bool = False
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -162,7 +165,8 @@ class Strategy(abc.ABC):
         """
 
     def observe(self, req: RouteRequest, decision: Decision, outcome: Outcome) -> None:
-        """Feedback after the request finished (calibration, affinity memory)."""
+        """Feedback after the request finished, or at its first token where the strategy
+        ``learns_at_first_token`` (calibration, affinity memory)."""
         return None
 
     def forget_pod(self, pod: str) -> None:

@@ -168,7 +168,7 @@ class DesPod:
             self._lane_busy += 1
             self._schedule(now + self._lane_s(nxt, queued=True), self._prefilled, nxt)
         job.result.ttft_s = now - job.request.arrival_s
-        RoutingCore.first_token(job.routed)
+        RoutingCore.first_token(job.routed, job.result.ttft_s)
         if self._first_token is not None:
             self._first_token(job, now)
         self._write_l2(job)

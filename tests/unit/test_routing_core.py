@@ -208,6 +208,50 @@ def test_the_strategy_learns_the_ttft_after_the_wait_for_admission():
     assert recorder.observed == [Outcome(ok=True, ttft_s=0.25, prompt_tokens=10)]
 
 
+class _EarlyLearner(_Recorder):
+    learns_at_first_token = True
+
+
+def test_a_strategy_that_learns_at_the_first_token_observes_then_and_not_at_the_end():
+    learner = _EarlyLearner()
+    core = RoutingCore(learner)
+    answer = IndexAnswer(100, [11, 12, 13], PrefixMatch.empty(3, BS))
+    routed = core.route(core.request(MODEL, index=answer), [Candidate("a")], answer.match)
+    routed.waited_s = 0.5
+    core.first_token(routed, 0.75)
+    # The TTFT without the admission wait, and no counts: the decision's are taken.
+    assert learner.observed == [Outcome(ok=True, ttft_s=0.25)]
+    core.first_token(routed, 0.8)  # a second call teaches nothing more
+    core.finish(routed, Outcome(ok=True, ttft_s=0.75, prompt_tokens=100, cached_tokens=32))
+    assert (len(learner.observed), core.load.get("a").in_flight) == (1, 0)
+
+
+def test_the_first_token_teaches_nothing_without_a_ttft_or_a_counted_prompt():
+    learner = _EarlyLearner()
+    core = RoutingCore(learner)
+    uncounted = core.route(core.request(MODEL), [Candidate("a")], None)  # not tokenized
+    core.first_token(uncounted, 0.3)
+    assert learner.observed == []
+    core.finish(uncounted, Outcome(ok=True, ttft_s=0.3, prompt_tokens=40, cached_tokens=0))
+    assert learner.observed == [Outcome(ok=True, ttft_s=0.3, prompt_tokens=40, cached_tokens=0)]
+    answer = IndexAnswer(100, [11], PrefixMatch.empty(1, BS))
+    counted = core.route(core.request(MODEL, index=answer), [Candidate("a")], answer.match)
+    core.first_token(counted)  # a caller with no TTFT: the end teaches
+    core.finish(counted, Outcome(ok=True, ttft_s=0.2, prompt_tokens=100))
+    assert learner.observed[-1] == Outcome(ok=True, ttft_s=0.2, prompt_tokens=100)
+
+
+def test_a_strategy_that_learns_at_the_end_is_not_observed_at_the_first_token():
+    recorder = _Recorder()
+    core = RoutingCore(recorder)
+    answer = IndexAnswer(100, [11], PrefixMatch.empty(1, BS))
+    routed = core.route(core.request(MODEL, index=answer), [Candidate("a")], answer.match)
+    core.first_token(routed, 0.2)
+    assert recorder.observed == []
+    core.finish(routed, Outcome(ok=True, ttft_s=0.2, prompt_tokens=100, cached_tokens=0))
+    assert recorder.observed == [Outcome(ok=True, ttft_s=0.2, prompt_tokens=100, cached_tokens=0)]
+
+
 # -- gateway and DES decide alike ----------------------------------------------------------
 
 

@@ -329,6 +329,20 @@ def test_observe_fits_the_cost_of_each_request_running_on_the_pod():
     assert kv.cost_model("m").decode_s_per_running == pytest.approx(0.005, rel=0.05)
 
 
+def test_kv_aware_learns_at_the_first_token_with_the_cached_tokens_it_predicted():
+    # At the first token the engine has not reported its cached count yet: a point of
+    # 512 cached tokens out of 1,000 must be fitted as 488 computed, not 1,000.
+    kv = KvAware(cost_model=SIMPLE, calibration={"min_samples": 2, "refit_every": 1})
+    assert kv.learns_at_first_token
+    req = _req(1000)
+    d = kv.choose(req, [PodView("a")], _match(1000, a=PodPrefix(l0=32)), 0.0)
+    assert d.predicted_l0_tokens == 512
+    kv.observe(req, d, Outcome(ok=True, ttft_s=0.488))
+    assert kv.calibrator("m").last_point == (488, 0, pytest.approx(0.488))
+    assert not KvAware(cost_model=SIMPLE, learn_at_first_token=False).learns_at_first_token
+    assert not KvAware(cost_model=SIMPLE, calibrate=False).learns_at_first_token
+
+
 def test_a_pods_prompt_counts_far_from_the_gateways_do_not_calibrate():
     # The gateway tokenized these prompts (block keys): one pod reporting 1,000x their
     # length must not refit the cost model every pod of the model is routed on.
