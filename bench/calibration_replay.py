@@ -8,10 +8,11 @@ its requests were sent, through the real strategy (``routing.strategies.kv_aware
 at each request's send the pod it went to is seen as the load generator saw it (the
 requests sent there before it and not yet at their first token are prefilling, with
 the uncached tokens kvgate predicted; those not yet finished are running), the
-strategy's current cost model predicts its TTFT, and at its end the strategy observes
-the request, which refits the model as in the gateway. Placement is the run's own: the
-replay asks what another calibration would have predicted for the same requests, not
-where it would have sent them.
+strategy's current cost model predicts its TTFT, and at its first token the strategy
+observes the request with the cached tokens kvgate predicted (at its end, with the
+engine's count, under ``learn-at-end``), which refits the model as in the gateway.
+Placement is the run's own: the replay asks what another calibration would have
+predicted for the same requests, not where it would have sent them.
 
 Observed TTFT is the client's, less the cell's *beyond* (the client's mean TTFT less
 kvgate's ``kvgate_ttft_seconds`` mean: the request's way to the gateway and back), so
@@ -24,8 +25,9 @@ Each setting is a ``Calibrator`` option set (``window``, ``min_samples``,
 ``refit_every``, ``max_change``, ``min_pair_tokens``) or ``off`` (the run's configured
 cost model, not calibrated) or ``default`` (the shipped options) or ``one-speed`` (the
 shipped options, every pod priced at the model's average speed: ``routing.pod_speed``
-off). Prints, per cell and setting, the median, signed median and p90 of |predicted -
-observed| / observed over all seeds.
+off) or ``learn-at-end`` (the shipped options, each request observed at its end:
+``learn_at_first_token`` off). Prints, per cell and setting, the median, signed median
+and p90 of |predicted - observed| / observed over all seeds.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from routing.strategies.kv_aware import KvAware
 from routing.types import Decision, Outcome, PodView, RouteRequest
 
 MODEL = "replay"  # one calibrator: a run serves one model
-DEFAULT_SETTINGS = ("off", "default", "one-speed", "window=32", "refit_every=1")
+DEFAULT_SETTINGS = ("off", "default", "one-speed", "learn-at-end", "window=32", "refit_every=1")
 _OPTIONS = ("window", "min_samples", "refit_every", "max_change", "min_pair_tokens")
 
 
@@ -56,6 +58,7 @@ class Setting:
     calibrate: bool
     options: dict[str, int | float]
     pod_speeds: bool = True
+    at_first_token: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +81,14 @@ def parse_setting(text: str) -> Setting:
         return Setting(text, True, {})
     if text == "one-speed":
         return Setting(text, True, {}, pod_speeds=False)
+    if text == "learn-at-end":
+        return Setting(text, True, {}, at_first_token=False)
     options: dict[str, int | float] = {}
     for part in text.split(","):
         key, sep, value = part.partition("=")
         if not sep or key not in _OPTIONS:
-            raise ValueError(f"calibration setting {part!r}: expected off, default, one-speed or "
-                             f"{'|'.join(_OPTIONS)}=N")  # fmt: skip
+            raise ValueError(f"calibration setting {part!r}: expected off, default, one-speed, "
+                             f"learn-at-end or {'|'.join(_OPTIONS)}=N")  # fmt: skip
         options[key] = float(value) if key == "max_change" else int(value)
     Calibrator(**options)  # out-of-range options fail here, with the Calibrator's message
     return Setting(text, True, options)
@@ -103,18 +108,24 @@ def replay_cell(
         calibrate=setting.calibrate,
         calibration=setting.options or None,
         pod_speeds=setting.pod_speeds,
+        learn_at_first_token=setting.at_first_token,
     )
     rows = sorted((r for r in rows if r.get("ok")), key=lambda r: r["sent_ms"])
     observed = {id(r): max(1.0, r["ttft_ms"] - offset_ms) for r in rows}
-    # Events in time order: a request's end (0) before a send (1) at the same ms.
+    # Events in time order: a request's observation (0: its first token, or its end)
+    # before a send (1) at the same ms.
+    learnt_ms = "ttft_ms" if strategy.learns_at_first_token else "e2e_ms"
     events = [(r["sent_ms"], 1, i) for i, r in enumerate(rows)]
-    events += [(r["sent_ms"] + r["e2e_ms"], 0, i) for i, r in enumerate(rows)]
+    events += [(r["sent_ms"] + r[learnt_ms], 0, i) for i, r in enumerate(rows)]
     events.sort()
     decisions: dict[int, Decision] = {}
     errors: list[float] = []
     for at, kind, i in events:
         row = rows[i]
         request = RouteRequest(model=MODEL, prompt_tokens=row["prompt_tokens"])
+        if kind == 0 and strategy.learns_at_first_token:  # the counts kvgate predicted
+            strategy.observe(request, decisions.pop(i), Outcome(True, observed[id(row)] / 1000))
+            continue
         if kind == 0:
             outcome = Outcome(ok=True, ttft_s=observed[id(row)] / 1000,
                               prompt_tokens=row["prompt_tokens"],
@@ -193,7 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run", type=Path, help="a `kvgate bench real --out` folder")
     p.add_argument("--settings", nargs="+", default=list(DEFAULT_SETTINGS),
-                   help="off, default or key=value[,key=value] Calibrator options")  # fmt: skip
+                   help="off, default, one-speed, learn-at-end or key=value[,key=value] "
+                        "Calibrator options")  # fmt: skip
     p.add_argument("--router", default="kv-aware")
     clock = "errors on the load generator's clock (the report's first column)"
     p.add_argument("--client-clock", action="store_true", help=clock)

@@ -263,14 +263,15 @@ class RoutingCore:
         Given the TTFT, a strategy that ``learns_at_first_token`` observes the request
         now, with the prompt's counts its decision predicted (the engine reports its
         cached count only in the usage at the stream's end), and not again at the end.
-        Only prompts the gateway tokenized: one it could not count waits for the usage."""
+        Only prompts the gateway tokenized (block keys): one it could not (an image, say:
+        its length is an estimate) waits for the engine's counts at the end."""
         routed.inflight.first_token()
         strategy = routed.strategy
         if (
             ttft_s is None
             or routed.observed
             or not strategy.learns_at_first_token
-            or routed.request.prompt_tokens <= 0
+            or not routed.request.block_keys
         ):
             return
         routed.observed = True

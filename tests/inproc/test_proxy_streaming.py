@@ -8,9 +8,10 @@ from itertools import pairwise
 
 import pytest
 
+from bench.polling import wait_for_async
 from gateway import accounting
 from tests.inproc.harness import inproc_gateway
-from tests.inproc.scripted_pod import SSE_DONE, answer, completion, delta, sse, stream
+from tests.inproc.scripted_pod import MODEL, SSE_DONE, answer, completion, delta, sse, stream
 from tests.openai_errors import assert_openai_error_event
 
 PIECES = [sse(delta("Hel")), sse(delta("lo")), sse(delta(" there"))]
@@ -133,3 +134,20 @@ def test_a_tail_of_usage_keys_is_parsed_a_bounded_number_of_times(monkeypatch):
     tail = b'"usage":{' * 4000  # a pod's garbage: every key opens an object never closed
     assert accounting.usage_from_sse(tail) is None
     assert len(attempts) <= 8
+
+
+async def test_kv_aware_learns_a_streams_ttft_at_its_first_token_not_at_its_end(pod_a):
+    # The stream stays open after its first chunk: kv-aware has the TTFT already, and
+    # the stream's end (the client leaving here) teaches it nothing more.
+    pod_a.script(stream(PIECES[:1], ending="hold"))
+    body = {"model": MODEL, "prompt": list(range(3000)), "max_tokens": 5, "stream": True}
+    async with inproc_gateway(pod_a, strategy="kv-aware") as g:
+        calibrator = g.gw.router.core.strategy_for(MODEL).calibrator(MODEL)
+        call = g.stream("/v1/completions", body)
+        await call.received(1)
+        await wait_for_async(lambda: calibrator.samples == 1, 1.0, "the first token learnt")
+        assert calibrator.last_point is not None and calibrator.last_point[0] == 3000
+        call.leave()
+        await call.finished()
+        assert g.load("pod-a") == 0
+        assert calibrator.samples == 1

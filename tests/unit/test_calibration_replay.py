@@ -92,6 +92,23 @@ def test_observed_ttft_is_on_the_gateways_clock_unless_asked(tmp_path):
     assert client.signed_median < -0.01  # the 10 ms are not what the model predicts
 
 
+def test_learning_at_the_first_token_uses_what_is_known_before_the_streams_end(tmp_path):
+    # Each request is sent after the last one's first token and before its end (long
+    # streams): only learning at the first token sees any TTFT before the next send.
+    rows, at = [], 0.0
+    for i in range(64):
+        row = _row("long@closed:1", 0, i, at, computed=32 + (i * 97) % 900, running=0)
+        row["e2e_ms"] = 1e6  # every stream ends after the last send
+        rows.append(row)
+        at += row["ttft_ms"] + 1
+    run = _write_run(tmp_path, rows)
+    settings = [replay.parse_setting(s) for s in ("off", "learn-at-end", "default")]
+    off, at_end, at_first_token = replay.replay(run, settings)
+    assert off.median > 0.3  # configured twice as fast as the pods
+    assert at_end.median == pytest.approx(off.median)  # learnt nothing in time
+    assert at_first_token.median < 0.1
+
+
 @pytest.mark.parametrize("text", ["windw=3", "window", "off,window=3", "window=x", "window=1"])
 def test_a_setting_it_cannot_read_is_refused(text):
     with pytest.raises(ValueError):

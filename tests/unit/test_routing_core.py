@@ -229,7 +229,9 @@ def test_a_strategy_that_learns_at_the_first_token_observes_then_and_not_at_the_
 def test_the_first_token_teaches_nothing_without_a_ttft_or_a_counted_prompt():
     learner = _EarlyLearner()
     core = RoutingCore(learner)
-    uncounted = core.route(core.request(MODEL), [Candidate("a")], None)  # not tokenized
+    # Not tokenized (an image, say): the length is an estimate, and there are no keys.
+    uncounted = core.route(core.request(MODEL, prompt_tokens=40), [Candidate("a")], None)
+    assert uncounted.request.prompt_tokens == 40
     core.first_token(uncounted, 0.3)
     assert learner.observed == []
     core.finish(uncounted, Outcome(ok=True, ttft_s=0.3, prompt_tokens=40, cached_tokens=0))
