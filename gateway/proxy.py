@@ -541,11 +541,12 @@ class Proxy:
             return
         self._answering(a)
         a.ttft_s = time.perf_counter() - a.arrived
-        self._router.first_token(a.routed, a.ttft_s)
+        self._router.first_token(a.routed)
         if not started:
             await send(start)
         await send({"type": "http.response.body", "body": first, "more_body": True})
         self._router.response_started()
+        self._router.learn_at_first_token(a.routed, a.ttft_s)
         await self._relay(send, chunks, upstream, a, first, loop, watch, style)
 
     async def _end_stream(

@@ -153,10 +153,15 @@ class Router:
         if self._kv is not None:
             self._kv.flush_speculations()
 
-    def first_token(self, routed: Routed, ttft_s: float | None = None) -> None:
-        self.core.first_token(routed, ttft_s)
+    def first_token(self, routed: Routed) -> None:
+        self.core.first_token(routed)
         if self.on_load_change is not None:
             self.on_load_change(routed.request.model, False)
+
+    def learn_at_first_token(self, routed: Routed, ttft_s: float) -> None:
+        """The strategy learns the request's TTFT now, if it learns at the first token
+        (after the first byte went out: ``RoutingCore.learn_at_first_token``)."""
+        self.core.learn_at_first_token(routed, ttft_s)
 
     def finish(self, routed: Routed, outcome: Outcome | None) -> None:
         """Release the load (once) and observe ``outcome`` (None: a retried attempt)."""

@@ -226,6 +226,19 @@ def test_a_strategy_that_learns_at_the_first_token_observes_then_and_not_at_the_
     assert (len(learner.observed), core.load.get("a").in_flight) == (1, 0)
 
 
+def test_learning_after_the_first_byte_does_not_observe_a_request_its_end_observed():
+    # The gateway learns once the first byte is on its way; a request that ended in
+    # between (its client left) was observed at its end, and only there.
+    learner = _EarlyLearner()
+    core = RoutingCore(learner)
+    answer = IndexAnswer(100, [11], PrefixMatch.empty(1, BS))
+    routed = core.route(core.request(MODEL, index=answer), [Candidate("a")], answer.match)
+    core.first_token(routed)
+    core.finish(routed, Outcome(ok=True, ttft_s=0.2, prompt_tokens=100, cached_tokens=0))
+    core.learn_at_first_token(routed, 0.2)
+    assert learner.observed == [Outcome(ok=True, ttft_s=0.2, prompt_tokens=100, cached_tokens=0)]
+
+
 def test_the_first_token_teaches_nothing_without_a_ttft_or_a_counted_prompt():
     learner = _EarlyLearner()
     core = RoutingCore(learner)
