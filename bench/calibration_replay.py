@@ -123,13 +123,13 @@ def replay_cell(
     for at, kind, i in events:
         row = rows[i]
         request = RouteRequest(model=MODEL, prompt_tokens=row["prompt_tokens"])
-        if kind == 0 and strategy.learns_at_first_token:  # the counts kvgate predicted
-            strategy.observe(request, decisions.pop(i), Outcome(True, observed[id(row)] / 1000))
-            continue
         if kind == 0:
-            outcome = Outcome(ok=True, ttft_s=observed[id(row)] / 1000,
-                              prompt_tokens=row["prompt_tokens"],
-                              cached_tokens=row["cached_tokens"])  # fmt: skip
+            ttft_s = observed[id(row)] / 1000
+            if strategy.learns_at_first_token:  # the counts kvgate predicted
+                outcome = Outcome(ok=True, ttft_s=ttft_s)
+            else:
+                outcome = Outcome(ok=True, ttft_s=ttft_s, prompt_tokens=row["prompt_tokens"],
+                                  cached_tokens=row["cached_tokens"])  # fmt: skip
             strategy.observe(request, decisions.pop(i), outcome)
             continue
         pod = _pod_at(row["pod"], at, rows[:i])

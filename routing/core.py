@@ -91,6 +91,10 @@ class Routed:
     def pod(self) -> str:
         return self.decision.pod
 
+    def pod_ttft_s(self, ttft_s: float) -> float:
+        """The client's TTFT less the admission wait: what the strategy learns from."""
+        return max(0.0, ttft_s - self.waited_s)
+
 
 class RoutingCore:
     """Strategies per model, the load they see, and the steps around ``choose``."""
@@ -283,8 +287,8 @@ class RoutingCore:
         ):
             return
         routed.observed = True
-        ttft_s = max(0.0, ttft_s - routed.waited_s)
-        strategy.observe(routed.request, routed.decision, Outcome(True, ttft_s))
+        outcome = Outcome(True, routed.pod_ttft_s(ttft_s))
+        strategy.observe(routed.request, routed.decision, outcome)
 
     @staticmethod
     def finish(routed: Routed, outcome: Outcome | None) -> None:
@@ -299,5 +303,5 @@ class RoutingCore:
         if outcome is None or routed.observed:
             return
         if routed.waited_s and outcome.ttft_s is not None:
-            outcome = replace(outcome, ttft_s=max(0.0, outcome.ttft_s - routed.waited_s))
+            outcome = replace(outcome, ttft_s=routed.pod_ttft_s(outcome.ttft_s))
         routed.strategy.observe(routed.request, routed.decision, outcome)

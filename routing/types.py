@@ -121,7 +121,7 @@ class Strategy(abc.ABC):
     name: ClassVar[str] = ""  # set by ``routing.strategy_registry.register``
     needs: ClassVar[frozenset[Need]] = frozenset()
     # True: ``observe`` is called at the request's first token, with the TTFT and no
-    # engine-reported counts (``RoutingCore.first_token``), instead of at its end.
+    # engine-reported counts (``RoutingCore.learn_at_first_token``), instead of at its end.
     learns_at_first_token: bool = False
 
     def __init_subclass__(cls, **kwargs: object) -> None:
