@@ -276,8 +276,8 @@ class RoutingCore:
     @staticmethod
     def learn_at_first_token(routed: Routed, ttft_s: float) -> None:
         """``first_token``'s learning alone: the gateway calls it once the first byte
-        is on its way to the client, since a refit (~0.7 ms every 8th request; 48 us a
-        request on average) would delay that byte."""
+        is on its way to the client, since a refit (~0.7 ms every 8th request; 34-48 us a
+        request on average, docs/real-engines.md) would delay that byte."""
         strategy = routed.strategy
         if (
             routed.observed
