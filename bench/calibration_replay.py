@@ -11,6 +11,9 @@ the uncached tokens kvgate predicted; those not yet finished are running), the
 strategy's current cost model predicts its TTFT, and at its first token the strategy
 observes the request with the cached tokens kvgate predicted (at its end, with the
 engine's count, under ``learn-at-end``), which refits the model as in the gateway.
+(The gateway revises a first-token point at the end where the engine counted other
+cached tokens than kvgate predicted; the replay does not, and on the runs of
+docs/real-engines.md the two counts never differed.)
 Placement is the run's own: the replay asks what another calibration would have
 predicted for the same requests, not where it would have sent them.
 

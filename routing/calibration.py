@@ -53,9 +53,12 @@ from bisect import bisect_left, bisect_right
 from collections import deque
 from dataclasses import replace
 from statistics import median
+from typing import TypeVar
 
 from kvindex.types import Tier
 from routing.cost_model import CostModel
+
+T = TypeVar("T")
 
 # One observation: (uncached tokens, running requests, seconds left for the prefill)
 Point = tuple[int, int, float]
@@ -173,6 +176,16 @@ class Calibrator:
             self.refit()
         return True
 
+    def retract(self, point: Point) -> bool:
+        """Take back ``point``, the newest one equal to it (an observation whose counts
+        the engine then contradicted: ``KvAware.revise``); False if it has left the
+        window. The model is refitted on the usual schedule, not now."""
+        if not remove_last(self._points, point):
+            return False
+        if self._pooled:
+            remove_last(self._new, point)  # still to be shared, or already sent
+        return True
+
     def take_new(self) -> list[Point]:
         """The points added since the last call, oldest first (at most ``window``); the
         first call hands over the whole window."""
@@ -247,6 +260,15 @@ class Calibrator:
         """Upper bound of the fitted per-running cost: ``max_change`` x the base's, and
         at least ``max_change`` ms (a base of 0 must still be able to learn)."""
         return max(self.base.decode_s_per_running, 0.001) * self._max_change
+
+
+def remove_last(values: deque[T], value: T) -> bool:
+    """Remove the newest element equal to ``value`` (O(len)); False if none is."""
+    for i in range(len(values) - 1, -1, -1):
+        if values[i] == value:
+            del values[i]
+            return True
+    return False
 
 
 def _clamp(value: float, base: float, max_change: float) -> float:

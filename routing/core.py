@@ -84,8 +84,10 @@ class Routed:
     # client sees, none of the pod's, so the strategy learns from the TTFT without it.
     waited_s: float = 0.0
     # The strategy learnt from this request at its first token (``learns_at_first_token``):
-    # its end observes nothing more.
+    # its end observes nothing more, unless the engine's counts contradict the predicted
+    # ones, and then ``learnt`` (what ``observe`` returned) is revised.
     observed: bool = False
+    learnt: object | None = None
 
     @property
     def pod(self) -> str:
@@ -288,7 +290,7 @@ class RoutingCore:
             return
         routed.observed = True
         outcome = Outcome(True, routed.pod_ttft_s(ttft_s))
-        strategy.observe(routed.request, routed.decision, outcome)
+        routed.learnt = strategy.observe(routed.request, routed.decision, outcome)
 
     @staticmethod
     def finish(routed: Routed, outcome: Outcome | None) -> None:
@@ -296,12 +298,23 @@ class RoutingCore:
         first call counts (a stream's end and its client's leaving may both finish it).
 
         ``None``: the attempt ended without an outcome worth learning from (it is
-        being retried on another pod)."""
+        being retried on another pod). A request learnt at its first token is revised
+        if the engine's cached count is not the one its decision predicted: the index
+        was stale, and the point learnt then split the TTFT wrongly."""
         if routed.inflight.finished:
             return
         routed.inflight.finish()
-        if outcome is None or routed.observed:
+        if outcome is None:
             return
         if routed.waited_s and outcome.ttft_s is not None:
             outcome = replace(outcome, ttft_s=routed.pod_ttft_s(outcome.ttft_s))
-        routed.strategy.observe(routed.request, routed.decision, outcome)
+        if not routed.observed:
+            routed.strategy.observe(routed.request, routed.decision, outcome)
+        elif (
+            routed.learnt is not None
+            and outcome.ok
+            and outcome.ttft_s is not None
+            and outcome.cached_tokens is not None
+            and outcome.cached_tokens != routed.decision.predicted_cached_tokens
+        ):
+            routed.strategy.revise(routed.request, routed.decision, routed.learnt, outcome)

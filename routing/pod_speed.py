@@ -54,6 +54,7 @@ from statistics import fmean, median
 
 from kvindex.lru import BoundedLRU
 from kvindex.types import Bound
+from routing.calibration import remove_last
 from routing.cost_model import CostModel
 
 _MIN_PREDICTED_S = 1e-4  # a prediction below 0.1 ms is not a ratio's denominator
@@ -94,24 +95,45 @@ class PodSpeeds:
         """(model, pod) pairs tracked; a full window of 32 floats is ~1.5 kB."""
         return Bound(len(self._ratios), self._ratios.capacity, "model pods", 1_500)
 
-    def observe(self, model: str, pod: str, observed_s: float, predicted_s: float) -> None:
+    def observe(self, model: str, pod: str, observed_s: float, predicted_s: float) -> float:
         """Add one finished request on ``pod``: the compute time it waited and took
-        (``observed_s``) and what the model predicts for it on an average pod."""
+        (``observed_s``) and what the model predicts for it on an average pod. Returns
+        the ratio's log as kept, which ``retract`` takes back."""
         ratio = max(observed_s, 0.0) / max(predicted_s, _MIN_PREDICTED_S)
         log_ratio = math.log(ratio) if ratio > 0 else -self._log_max
+        log_ratio = min(max(log_ratio, -self._log_max), self._log_max)
         key = (model, pod)
         ratios = self._ratios.touch(key)  # a pod still serving stays
         if ratios is None:
             ratios = deque(maxlen=self.window)
             self._ratios.put(key, ratios)
             self._forget_evicted()
-        ratios.append(min(max(log_ratio, -self._log_max), self._log_max))
+        ratios.append(log_ratio)
+        self._respeed(model, pod, ratios)
+        return log_ratio
+
+    def retract(self, model: str, pod: str, log_ratio: float) -> bool:
+        """Take back the latest ratio ``observe`` kept as ``log_ratio`` (a request
+        observed with counts the engine then contradicted); False if it has left the
+        window."""
+        ratios = self._ratios.get((model, pod))
+        if ratios is None or not remove_last(ratios, log_ratio):
+            return False
+        self._respeed(model, pod, ratios)
+        return True
+
+    def _respeed(self, model: str, pod: str, ratios: deque[float]) -> None:
+        """The pod's raw speed from its ratios, then every factor of the model."""
         if len(ratios) >= self.min_samples:
             speed = median(ratios)
             spread = median(abs(r - speed) for r in ratios)
             error = _SE_PER_MAD * spread / math.sqrt(len(ratios))
             self._speeds.setdefault(model, {})[pod] = (speed, error)
-            self._refactor(model)
+        elif self._speeds.get(model, {}).pop(pod, None) is None:
+            return  # not counted before either: no factor moves
+        else:
+            self._factors.pop((model, pod), None)
+        self._refactor(model)
 
     def factor(self, model: str, pod: str) -> float:
         """How many times the model's average pod's compute time ``pod`` takes (1: not

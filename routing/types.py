@@ -164,9 +164,19 @@ class Strategy(abc.ABC):
         clock (monotonic seconds live, simulated seconds in the DES).
         """
 
-    def observe(self, req: RouteRequest, decision: Decision, outcome: Outcome) -> None:
+    def observe(self, req: RouteRequest, decision: Decision, outcome: Outcome) -> object | None:
         """Feedback after the request finished, or at its first token where the strategy
-        ``learns_at_first_token`` (calibration, affinity memory)."""
+        ``learns_at_first_token`` (calibration, affinity memory). Returns what it learnt
+        (None: nothing), which ``revise`` is handed back."""
+        return None
+
+    def revise(
+        self, req: RouteRequest, decision: Decision, learnt: object, outcome: Outcome
+    ) -> None:
+        """A request observed at its first token, with the counts its decision predicted,
+        ended with other counts from the engine (the index was stale: an eviction it
+        had not heard of yet). Take back ``learnt`` (``observe``'s return then) and learn
+        from ``outcome``, the end's. Nothing by default."""
         return None
 
     def forget_pod(self, pod: str) -> None:

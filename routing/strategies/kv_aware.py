@@ -71,7 +71,7 @@ from typing import Any
 
 from kvindex.lru import BoundedLRU
 from kvindex.types import Bound, PrefixMatch
-from routing.calibration import Calibrator
+from routing.calibration import Calibrator, Point
 from routing.cost_model import CostModel, as_cost_model, running_requests
 from routing.pod_speed import PodSpeeds
 from routing.strategy_registry import register
@@ -284,18 +284,18 @@ class KvAware(Strategy):
             evict *= evicted / written if written > 0 else 0.0
         return PodEstimate(pod, l0, l1, l2, ttft, evict)
 
-    def observe(self, req: RouteRequest, decision: Decision, outcome: Outcome) -> None:
+    def observe(self, req: RouteRequest, decision: Decision, outcome: Outcome) -> _Learnt | None:
         """Calibrate the model's prefill and per-running costs, and the pod's speed
-        relative to them, from the observed TTFT."""
+        relative to them, from the observed TTFT. Returns the point and ratio added."""
         if not self.calibrate or not outcome.ok:
-            return
+            return None
         prompt = outcome.prompt_tokens if outcome.prompt_tokens is not None else req.prompt_tokens
         if req.block_keys and not _counts_agree(prompt, req.prompt_tokens):
             # The gateway tokenized this prompt (block keys): a pod reporting a count far
             # from it is wrong or lying, and one pod's counts would refit the cost model
             # every pod of the model is routed on. (An image the engine expands is also
             # skipped: the fit learns from the prompts the gateway can count.)
-            return
+            return None
         calibrator = self.calibrator(req.model)
         # The calibrator fits the running requests' share itself: take it out of the
         # predicted queue (at the pod's current estimate, which refits move only slowly).
@@ -316,7 +316,10 @@ class KvAware(Strategy):
             compute_scale=speed,
         )
         point = calibrator.last_point
-        if accepted and self.speeds is not None and point is not None:
+        if not accepted or point is None:
+            return None
+        log_ratio = None
+        if self.speeds is not None:
             # The pod's compute (queue and prefill, tier loads out) against an average
             # pod's, from the point the calibrator took as an average pod's.
             uncached, _, prefill_s = point
@@ -324,7 +327,30 @@ class KvAware(Strategy):
             observed_s = speed * (prefill_s + cached_s) + queue_s
             average_s = (queue_s / speed + fitted.prefill_s(uncached)
                          + running * fitted.decode_s_per_running + cached_s)  # fmt: skip
-            self.speeds.observe(req.model, decision.pod, observed_s, average_s)
+            log_ratio = self.speeds.observe(req.model, decision.pod, observed_s, average_s)
+        return _Learnt(point, log_ratio)
+
+    def revise(
+        self, req: RouteRequest, decision: Decision, learnt: object, outcome: Outcome
+    ) -> None:
+        """The engine's cached count contradicted the index's at the first token: the
+        point taken then put a cold prefill's time on a cache hit (or the reverse), which
+        would raise (lower) the fitted overhead and make the pod look slow (fast). Take
+        it and its speed ratio back, and learn the request from the engine's counts."""
+        if not self.calibrate or not isinstance(learnt, _Learnt):
+            return
+        self.calibrator(req.model).retract(learnt.point)
+        if self.speeds is not None and learnt.log_ratio is not None:
+            self.speeds.retract(req.model, decision.pod, learnt.log_ratio)
+        self.observe(req, decision, outcome)
+
+
+@dataclass(frozen=True, slots=True)
+class _Learnt:
+    """What one ``observe`` added: the calibrator's point and the pod's speed ratio."""
+
+    point: Point
+    log_ratio: float | None
 
 
 def _held_anywhere(match: PrefixMatch | None) -> int:

@@ -304,3 +304,15 @@ def test_one_cold_prompt_among_cache_hits_does_not_set_the_slope():
 def test_min_pair_tokens_must_not_be_negative():
     with pytest.raises(ValueError, match="min_pair_tokens"):
         Calibrator(min_pair_tokens=-1)
+
+
+def test_a_retracted_point_leaves_the_window_and_the_points_still_to_share():
+    cal = Calibrator(CostModel(), min_samples=2, refit_every=1)
+    cal.update(0.1, 100, 0)
+    cal.update(0.5, 100, 0)
+    assert cal.take_new() == [(100, 0, pytest.approx(0.1)), (100, 0, pytest.approx(0.5))]
+    cal.update(0.2, 100, 0)
+    wrong = cal.last_point
+    assert wrong is not None and cal.retract(wrong)
+    assert cal.samples == 2 and cal.take_new() == []  # not handed to the other replicas
+    assert not cal.retract(wrong)

@@ -239,6 +239,40 @@ def test_learning_after_the_first_byte_does_not_observe_a_request_its_end_observ
     assert learner.observed == [Outcome(ok=True, ttft_s=0.2, prompt_tokens=100, cached_tokens=0)]
 
 
+class _Reviser(_EarlyLearner):
+    """Learns at the first token, returns a receipt, records what it is asked to revise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.revised: list[tuple[object, Outcome]] = []
+
+    def observe(self, req, decision, outcome) -> str:
+        super().observe(req, decision, outcome)
+        return f"point {len(self.observed)}"
+
+    def revise(self, req, decision, learnt, outcome) -> None:
+        self.revised.append((learnt, outcome))
+
+
+def test_the_end_revises_a_first_token_point_only_where_the_engine_counted_otherwise():
+    reviser = _Reviser()
+    core = RoutingCore(reviser)
+    answer = IndexAnswer(100, [11, 12, 13], PrefixMatch.empty(3, BS))
+    candidates = [Candidate("a")]
+    agreed = core.route(core.request(MODEL, index=answer), candidates, answer.match)
+    core.first_token(agreed, 0.2)
+    core.finish(agreed, Outcome(ok=True, ttft_s=0.2, prompt_tokens=100, cached_tokens=32))
+    assert reviser.revised == []  # the decision predicted 32 cached: the point stands
+    stale = core.route(core.request(MODEL, index=answer), candidates, answer.match)
+    stale.waited_s = 0.1
+    core.first_token(stale, 0.5)
+    core.finish(stale, Outcome(ok=True, ttft_s=0.5, prompt_tokens=100, cached_tokens=0))
+    assert reviser.revised == [
+        ("point 2", Outcome(ok=True, ttft_s=0.4, prompt_tokens=100, cached_tokens=0))
+    ]
+    assert len(reviser.observed) == 2  # revising is not observing once more
+
+
 def test_the_first_token_teaches_nothing_without_a_ttft_or_a_counted_prompt():
     learner = _EarlyLearner()
     core = RoutingCore(learner)

@@ -343,6 +343,24 @@ def test_kv_aware_learns_at_the_first_token_with_the_cached_tokens_it_predicted(
     assert not KvAware(cost_model=SIMPLE, calibrate=False).learns_at_first_token
 
 
+def test_kv_aware_revises_a_first_token_point_the_engines_cached_count_contradicts():
+    # The index said 512 of 1,000 tokens were cached on pod a, the engine at the end 0
+    # (an eviction the index had not heard of): the 1.0 s prefill must be learnt as
+    # 1,000 computed tokens, not 488, and pod a's ratio from the same split.
+    kv = KvAware(cost_model=SIMPLE, calibration={"min_samples": 2, "refit_every": 1})
+    req = _req(1000)
+    d = kv.choose(req, [PodView("a")], _match(1000, a=PodPrefix(l0=32)), 0.0)
+    learnt = kv.observe(req, d, Outcome(ok=True, ttft_s=1.0))
+    assert kv.calibrator("m").last_point == (488, 0, pytest.approx(1.0))
+    kv.revise(req, d, learnt, Outcome(ok=True, ttft_s=1.0, prompt_tokens=1000, cached_tokens=0))
+    assert kv.calibrator("m").samples == 1
+    assert kv.calibrator("m").last_point == (1000, 0, pytest.approx(1.0))
+    assert kv.speeds is not None
+    for _ in range(7):  # seven more at the model's speed: pod a is the average, exactly
+        kv.observe(req, d, Outcome(ok=True, ttft_s=1.0, prompt_tokens=1000, cached_tokens=0))
+    assert kv.calibrator("m").current().prefill_tokens_per_s == pytest.approx(1000.0)
+
+
 def test_a_pods_prompt_counts_far_from_the_gateways_do_not_calibrate():
     # The gateway tokenized these prompts (block keys): one pod reporting 1,000x their
     # length must not refit the cost model every pod of the model is routed on.

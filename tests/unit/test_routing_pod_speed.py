@@ -210,3 +210,16 @@ def test_pod_speeds_are_bounded_and_off_without_calibration():
     assert "pod_speeds" in KvAware().bounds()
     kv = KvAware(cost_model=SIMPLE, calibrate=False)
     assert kv.speeds is None and "pod_speeds" not in kv.bounds()
+
+
+def test_a_retracted_ratio_leaves_the_pods_speed_as_if_it_had_never_come():
+    speeds = PodSpeeds(window=8, min_samples=4)
+    _feed(speeds, "a", 1.0, 4)
+    _feed(speeds, "b", 2.0, 3)
+    wrong = speeds.observe("m", "b", observed_s=0.4, predicted_s=0.1)  # a stale index's 4x
+    assert speeds.factor("m", "b") == pytest.approx(2.0**0.5)  # counted from its 4th
+    assert speeds.retract("m", "b", wrong)
+    assert speeds.factor("m", "b") == 1.0  # three ratios again: not counted
+    assert speeds.factor("m", "a") == 1.0
+    assert not speeds.retract("m", "b", wrong)  # gone already
+    assert not speeds.retract("m", "c", wrong)  # a pod never seen
