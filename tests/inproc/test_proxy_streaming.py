@@ -151,3 +151,25 @@ async def test_kv_aware_learns_a_streams_ttft_at_its_first_token_not_at_its_end(
         await call.finished()
         assert g.load("pod-a") == 0
         assert calibrator.samples == 1
+
+
+async def test_kv_aware_revises_a_first_token_point_the_pods_usage_contradicts(pod_a):
+    # The first request's blocks are speculated onto pod-a, so the second is predicted a
+    # cache hit; the pod's usage then says nothing was cached (an eviction the index had
+    # not heard of). The point learnt at the second's first token put a whole prefill's
+    # TTFT on a few uncached tokens: at the end it is replaced by the engine's count.
+    ends = [*PIECES, usage_chunk(3000, 0), SSE_DONE]
+    pod_a.script(stream(ends), stream(ends))
+    body = {"model": MODEL, "prompt": list(range(3000)), "max_tokens": 5, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    async with inproc_gateway(pod_a, strategy="kv-aware") as g:
+        calibrator = g.gw.router.core.strategy_for(MODEL).calibrator(MODEL)
+        first = g.stream("/v1/completions", body)
+        await first.finished()
+        second = g.stream("/v1/completions", body)
+        await second.finished()
+        # The index expected a hit: the predicted cached count is off by the prefix.
+        assert g.metric("kvgate_predicted_cached_tokens_abs_error_sum") >= 2048
+        await wait_for_async(lambda: calibrator.samples == 2, 1.0, "both requests learnt")
+        assert calibrator.last_point is not None and calibrator.last_point[0] == 3000
+        assert calibrator.samples == 2  # replaced, not added beside
