@@ -183,7 +183,9 @@ class Calibrator:
         if not remove_last(self._points, point):
             return False
         if self._pooled:
-            remove_last(self._new, point)  # still to be shared, or already sent
+            # Not shared yet: it never will be. Shared already: the other replicas keep
+            # it until their windows roll past it (the corrected point follows it).
+            remove_last(self._new, point)
         return True
 
     def take_new(self) -> list[Point]:
